@@ -1,0 +1,5 @@
+import sys
+
+from rectrain.cli import main
+
+sys.exit(main())
