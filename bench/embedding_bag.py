@@ -1,0 +1,149 @@
+"""EmbeddingBagCollection forward+backward (fused row-wise Adagrad) vs raw FBGEMM TBE and nn.EmbeddingBag.
+
+The standard workload's tables (bench/WORKLOAD.md): 8 tables x 100,000 rows x 64 dims, one feature each,
+1..39 ids per example per feature, batch 2048, lr 0.05. Each timed step runs the three variants back to back
+in a rotating order on the same pre-built batch, so machine noise hits them alike; the figure per variant
+is the median over the timed steps. The raw TBE is built with the same arguments our collection passes to
+FBGEMM, so the ratio measures the collection's own overhead (input routing, output wrapping).
+
+    .venv/bin/python bench/embedding_bag.py [--batch-size 2048] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
+)
+from torch import Tensor, nn
+
+from rectrain.embedding import EmbeddingBagCollection
+from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
+from rectrain.sparse import KeyedJaggedTensor
+
+LR = 0.05
+
+
+def make_batch(args: argparse.Namespace, gen: torch.Generator) -> KeyedJaggedTensor:
+    keys = [f"f{i}" for i in range(args.tables)]
+    lengths = torch.randint(1, 40, (args.tables * args.batch_size,), generator=gen)
+    values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=gen)
+    return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+
+
+def ours(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]
+        )
+        for i in range(args.tables)
+    ]
+    ebc = EmbeddingBagCollection(tables, fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=LR))
+
+    def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
+        ebc(kjt).values().backward(grad)
+
+    return step
+
+
+def raw_fbgemm(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
+    spec = (args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [spec] * args.tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        eps=1e-8,
+        weight_decay_mode=WeightDecayMode.NONE,
+        pooling_mode=PoolingMode.SUM,
+        device=torch.device("cpu"),
+        bounds_check_mode=BoundsCheckMode.FATAL,
+        weights_precision=SparseType.FP32,
+        output_dtype=SparseType.FP32,
+    )
+
+    def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
+        tbe(kjt.values(), kjt.offsets()).backward(grad)
+
+    return step
+
+
+def embedding_bags(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
+    bags = nn.ModuleList(
+        nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True) for _ in range(args.tables)
+    )
+    optimizer = torch.optim.Adagrad(bags.parameters(), lr=LR)
+
+    def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
+        features = kjt.to_dict()
+        pooled = [bag(jagged.values(), jagged.offsets()[:-1]) for bag, jagged in zip(bags, features.values())]
+        optimizer.zero_grad()
+        torch.cat(pooled, dim=1).backward(grad)
+        optimizer.step()
+
+    return step
+
+
+def time_variants(
+    variants: dict[str, Callable[[KeyedJaggedTensor, Tensor], None]], args: argparse.Namespace
+) -> dict[str, float]:
+    """Median ms/step of each variant; variants alternate within every step, order rotating."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [make_batch(args, gen) for _ in range(4)]
+    grad = torch.randn(args.batch_size, args.tables * args.dim, generator=gen)
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for step in range(args.warmup + args.steps):
+        kjt = batches[step % len(batches)]
+        order = names[step % len(names) :] + names[: step % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            variants[name](kjt, grad)
+            elapsed = (time.perf_counter() - start) * 1e3
+            if step >= args.warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    variants = {
+        "rectrain ebc": ours(args),
+        "raw fbgemm tbe": raw_fbgemm(args),
+        "nn.EmbeddingBag": embedding_bags(args),
+    }
+    ms = time_variants(variants, args)
+    print(
+        f"{args.tables} tables x {args.rows} rows x {args.dim} dims, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} threads, {args.warmup} warm-up + {args.steps} timed steps (median)"
+    )
+    for name, value in ms.items():
+        print(f"{name:>16}: {value:8.2f} ms/step")
+    print(
+        f"nn.EmbeddingBag + sparse Adagrad vs raw fbgemm {ms['nn.EmbeddingBag'] / ms['raw fbgemm tbe']:.2f}"
+    )
+    print(f"rectrain ebc fwd+bwd overhead vs raw fbgemm {ms['rectrain ebc'] / ms['raw fbgemm tbe']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Data-parallel tables: a full copy on every rank, kept identical by giving every copy the same update.
+
+A fused optimizer updates rows inside backward, so there is no weight gradient to all-reduce. Instead
+every rank looks up the *global* batch (ids are all-gathered, which is cheap next to a table) and, in
+backward, receives the *global* output gradient (all-gathered), so every replica's kernel applies exactly the
+same sparse update. The cost is the data-parallel lookups done on every rank, so this suits small tables; the
+gain is exact fused-optimizer semantics (Adam and row-wise Adagrad touch only the rows a batch read) and
+bitwise-identical replicas without ever moving a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.autograd import Function
+
+from rectrain.distributed import comm
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
+from rectrain.distributed.shard_lookup import lookup
+from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
+from rectrain.embedding.feature_routing import KJTLike
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import group_tables
+from rectrain.embedding.table_batch import pooling_mode
+
+
+class _LocalRowsWithGlobalGrad(Function):
+    """Forward: this rank's rows of the global output. Backward: every rank's row gradients, gathered."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, full: Tensor, start: int, sizes: list[int], group: dist.ProcessGroup | None
+    ) -> Tensor:
+        ctx.sizes, ctx.group = sizes, group
+        rank = dist.get_rank(group)
+        return full.narrow(0, start, sizes[rank]).clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        full = comm.all_gather_v(grad.contiguous(), ctx.sizes, ctx.group)
+        return full, None, None, None
+
+
+class DataParallelTables(nn.Module):
+    """The data-parallel tables of a sharded collection (replicated, fused optimizer, global-batch lookup).
+
+    ``embedding_names`` maps each table to its output keys as the whole collection names them.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        embedding_names: Mapping[str, list[str]],
+        optimizer: FusedOptimizerConfig,
+        env: ShardingEnv,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.env = env
+        groups = group_tables(list(tables), key=lambda t: t.pooling)
+        self.tables = FusedTables(
+            list(tables),
+            groups,
+            [pooling_mode(tables[g[0]].pooling) for g in groups],
+            optimizer,
+            device,
+            prefix="embedding_bags",
+        )
+        self._device = device
+        ordered = [t for batch in self.tables.batches for t in batch.tables]
+        self.embedding_names = [n for t in ordered for n in embedding_names[t.name]]
+        self._selector = FeatureSelector(
+            tuple(f for batch in self.tables.batches for f in batch.feature_names)
+        )
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        return self.tables.fused_optimizer
+
+    def weight(self, table: str) -> Tensor:
+        return self.tables[table].weight
+
+    def forward(self, features: KJTLike, weighted: bool) -> Tensor:
+        """This rank's ``[batch, dims]`` pooled output, columns in kernel order (see ``embedding_names``)."""
+        local = self._selector(features, weighted)
+        group, world = self.env.pg, self.env.world_size
+        counts = torch.tensor([local.batch_size, local.values.numel()], device=local.values.device)
+        batches, totals = comm.all_gather_v(counts, [2] * world, group).view(world, 2).t().tolist()
+        lengths = comm.all_gather_v(
+            local.lengths.reshape(-1), [b * len(self._selector.features) for b in batches], group
+        )
+        values = comm.all_gather_v(local.values, totals, group)
+        weights = None if local.weights is None else comm.all_gather_v(local.weights, totals, group)
+        global_input = to_shard_input(len(self._selector.features), lengths, values, weights, batches)
+        full = lookup(self.tables, global_input, self._device)
+        start = sum(batches[: self.env.rank])
+        return _LocalRowsWithGlobalGrad.apply(full, start, batches, group)

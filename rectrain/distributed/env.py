@@ -1,0 +1,148 @@
+"""Who am I in the job: ``ShardingEnv`` (world size, rank, process group, host geometry) and its setup.
+
+``init_from_env`` turns torchrun's environment into an initialised default process group (NCCL when CUDA is
+available, else gloo). ``intra_and_cross_node_pg`` builds the two subgroup families table-row-wise sharding
+needs: the ranks on this host, and the ranks with this local rank on every host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rectrain.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class ShardingEnv:
+    """World geometry of one rank, as in TorchRec, plus the host layout (``local_world_size`` ranks per host).
+
+    Ranks are laid out host-major like torchrun does: rank = node * local_world_size + local_rank.
+    """
+
+    world_size: int
+    rank: int
+    pg: dist.ProcessGroup | None = None
+    local_world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.local_world_size is None:
+            object.__setattr__(self, "local_world_size", self.world_size)
+        lws = self.local_world_size
+        if lws < 1 or self.world_size % lws:
+            raise ConfigError(
+                f"local_world_size ({lws}) must be >= 1 and divide world_size ({self.world_size}): "
+                "every host runs the same number of ranks"
+            )
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index on its host."""
+        return self.rank % self.local_world_size
+
+    @property
+    def node(self) -> int:
+        """Index of this rank's host."""
+        return self.rank // self.local_world_size
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of hosts."""
+        return self.world_size // self.local_world_size
+
+    @classmethod
+    def from_process_group(cls, pg: dist.ProcessGroup, local_world_size: int | None = None) -> ShardingEnv:
+        """This rank's env in ``pg``; for the default group, local_world_size defaults to LOCAL_WORLD_SIZE."""
+        if local_world_size is None and pg == dist.group.WORLD:
+            local_world_size = _env_int(os.environ, "LOCAL_WORLD_SIZE", default=dist.get_world_size(pg))
+        return cls(dist.get_world_size(pg), dist.get_rank(pg), pg, local_world_size)
+
+    @classmethod
+    def from_local(cls, world_size: int, rank: int, local_world_size: int | None = None) -> ShardingEnv:
+        """An env without a process group: planning or single-process code that only needs the geometry."""
+        return cls(world_size, rank, None, local_world_size)
+
+
+def default_backend() -> str:
+    """``"nccl"`` when this process can use CUDA, otherwise ``"gloo"``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(backend: str | None = None) -> ShardingEnv:
+    """Initialise the default process group from torchrun's environment variables and return this rank's env.
+
+    With NCCL the current CUDA device is set to LOCAL_RANK first. If the default group already exists it is
+    reused (its backend must match ``backend`` when one is given).
+    """
+    env = os.environ
+    backend = backend or default_backend()
+    if dist.is_initialized():
+        if backend != dist.get_backend():
+            raise ConfigError(f"default process group already uses {dist.get_backend()!r}, not {backend!r}")
+        return ShardingEnv.from_process_group(dist.group.WORLD)
+    missing = [name for name in _REQUIRED_ENV if name not in env]
+    if missing:
+        raise ConfigError(
+            f"init_from_env needs the environment variables {', '.join(missing)}; launch with "
+            "`torchrun --nproc-per-node N script.py` (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+        )
+    world_size, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
+    local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", default=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(_env_int(env, "LOCAL_RANK", default=rank % local_world_size))
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    logger.info("rank %d/%d joined the %s process group", rank, world_size, backend)
+    return ShardingEnv(world_size, rank, dist.group.WORLD, local_world_size)
+
+
+def intra_and_cross_node_pg(
+    env: ShardingEnv, backend: str | None = None
+) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """This rank's (intra-host group, cross-host group), built collectively.
+
+    ``new_group`` must be called by every rank for every group in the same order, so each rank creates all
+    host groups (ranks ``[n * L, (n + 1) * L)``) then all cross groups (ranks ``l, l + L, l + 2L, ...``) and
+    keeps its own two. Call it on every rank of ``env.pg``, in the same place of the program.
+    """
+    if env.world_size != dist.get_world_size():
+        raise ValueError(
+            f"intra_and_cross_node_pg needs the env of the default group ({dist.get_world_size()} ranks), "
+            f"got one of {env.world_size} ranks"
+        )
+    lws, num_nodes = env.local_world_size, env.num_nodes
+    intra = cross = None
+    for node in range(num_nodes):
+        group = dist.new_group(list(range(node * lws, (node + 1) * lws)), backend=backend)
+        if node == env.node:
+            intra = group
+    for local_rank in range(lws):
+        group = dist.new_group(list(range(local_rank, env.world_size, lws)), backend=backend)
+        if local_rank == env.local_rank:
+            cross = group
+    assert intra is not None and cross is not None, "every rank belongs to one host and one cross group"
+    return intra, cross
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {name} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name} must be an integer, got {raw!r}") from None

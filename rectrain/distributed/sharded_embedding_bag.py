@@ -1,0 +1,184 @@
+"""``ShardedEmbeddingBagCollection``: an EmbeddingBagCollection whose tables are split across ranks by a plan.
+
+Each rank holds its shards of the routed tables (table-, row-, column-, table-row-wise) in one FBGEMM kernel
+with the fused optimizer, and a full copy of every data-parallel table. ``forward`` takes the rank's local
+batch and returns the same ``KeyedTensor`` the unsharded collection would return for it:
+
+  select features -> input all-to-all (ids to shards) -> shard lookup -> output all-to-all (pools back)
+  -> assemble (place column shards, add row shards, divide MEAN)   ... plus the data-parallel lookup
+
+Backward runs the same path in reverse through the differentiable collectives, and each shard's kernel updates
+its rows as the gradient reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from rectrain.distributed.data_parallel import DataParallelTables
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.input_dist import FeatureSelector, check_ids, send_features, to_shard_input
+from rectrain.distributed.output_dist import PooledAssembler
+from rectrain.distributed.routing import build_routing
+from rectrain.distributed.shard_lookup import lookup
+from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
+from rectrain.embedding import EmbeddingBagCollection
+from rectrain.embedding.config import PoolingType
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import get_embedding_names_by_table
+from rectrain.embedding.table_batch import pooling_mode
+from rectrain.errors import ConfigError
+from rectrain.optim import CombinedOptimizer
+from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """The sharded form of ``ebc`` on this rank; weights are copied from ``ebc``'s tables.
+
+    Args:
+        ebc: the unsharded collection (its tables, weights and fused optimizer settings are taken over).
+        shardings: table name -> how it is sharded (every table of ``ebc`` must be present).
+        env: this rank's place in the process group.
+        device: where this rank's shards live and run.
+    """
+
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        shardings: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        tables = ebc.embedding_bag_configs()
+        missing = [t.name for t in tables if t.name not in shardings]
+        if missing:
+            raise ConfigError(f"the sharding plan has no entry for tables {missing}")
+        self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
+        self._tables = list(tables)
+        self._shardings = {t.name: shardings[t.name] for t in tables}
+        optimizer = ebc.fused_optimizer_config
+        dp_names = {n for n, s in self._shardings.items() if s.sharding_type is ShardingType.DATA_PARALLEL}
+        routed = {n: s for n, s in self._shardings.items() if n not in dp_names}
+        self.routing = build_routing(tables, routed, env.world_size)
+        local_tables = list(self.routing.shard_tables[env.rank])
+        if len({t.data_type for t in tables}) > 1:
+            raise ConfigError("a sharded EmbeddingBagCollection needs one data_type for all its tables")
+        # All shards pool SUM (see routing), so one kernel holds every shard of this rank.
+        self.embedding_bags = (
+            FusedTables(
+                local_tables,
+                [list(range(len(local_tables)))],
+                [pooling_mode(PoolingType.SUM)],
+                optimizer,
+                device,
+                prefix="embedding_bags",
+            )
+            if local_tables
+            else None
+        )
+        dp_tables = [t for t in tables if t.name in dp_names]
+        names_by_table = get_embedding_names_by_table(tables)
+        self.data_parallel = (
+            DataParallelTables(
+                dp_tables, dict(zip((t.name for t in tables), names_by_table)), optimizer, env, device
+            )
+            if dp_tables
+            else None
+        )
+        self._copy_weights_from(ebc)
+
+        self._selector = FeatureSelector(self.routing.features)
+        rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
+        self._rows_per_feature = torch.tensor([rows[f] for f in self.routing.features], dtype=torch.int64)
+        self._assembler = PooledAssembler(self.routing, device)
+        self._embedding_names = [n for names in names_by_table for n in names]
+        self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
+        self._columns = self._output_columns(dp_tables)
+
+    def _output_columns(self, dp_tables: list) -> Tensor | None:
+        """Column order taking [routed outputs | data-parallel outputs] to the collection's table order."""
+        parts = list(self.routing.embedding_names) + (self.data_parallel.embedding_names if dp_tables else [])
+        widths = dict(zip(self._embedding_names, self._dims))
+        start, position = {}, 0
+        for name in parts:
+            start[name] = position
+            position += widths[name]
+        order = [start[name] + c for name in self._embedding_names for c in range(widths[name])]
+        return None if order == list(range(position)) else torch.tensor(order, device=self._device)
+
+    @torch.no_grad()
+    def _copy_weights_from(self, ebc: EmbeddingBagCollection) -> None:
+        for table in self._tables:
+            full = ebc.embedding_bags[table.name].weight
+            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
+                rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
+                cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
+                self._local_weight(table.name, shard_name).copy_(full[rows, cols])
+
+    def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
+        """This rank's weight of one shard (``shard_name``) or of a data-parallel table (None)."""
+        if shard_name is None:
+            return self.data_parallel.weight(table)
+        return self.embedding_bags[shard_name].weight
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        members = []
+        if self.embedding_bags is not None:
+            members.append(("sharded", self.embedding_bags.fused_optimizer))
+        if self.data_parallel is not None:
+            members.append(("data_parallel", self.data_parallel.fused_optimizer))
+        return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+
+    def embedding_bag_configs(self) -> list:
+        return self._tables
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """Pooled embeddings of this rank's batch, as the unsharded collection returns them."""
+        outputs = []
+        if self.routing.features:
+            local = self._selector(features, self._is_weighted)
+            check_ids(self.routing, local, self._rows_per_feature)
+            lengths, values, weights, batches = send_features(self.routing, local, self.env.pg).wait()
+            shard_input = to_shard_input(
+                len(self.routing.streams[self.env.rank]), lengths, values, weights, batches
+            )
+            pooled = lookup(self.embedding_bags, shard_input, self._device)
+            received = self._assembler.send(pooled, batches, self.env.pg).wait()
+            outputs.append(self._assembler.assemble(received, local.lengths))
+        if self.data_parallel is not None:
+            outputs.append(self.data_parallel(features, self._is_weighted))
+        values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self._columns is not None:
+            values = values.index_select(1, self._columns)
+        return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=values, key_dim=1)
+
+    def sharded_state(self) -> dict[str, ShardedTable]:
+        """``embedding_bags.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
+        state = {}
+        for table in self._tables:
+            shards = []
+            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
+                shards.append((shard, self._local_weight(table.name, shard_name)))
+            state[f"embedding_bags.{table.name}.weight"] = ShardedTable(
+                global_shape=(table.num_embeddings, table.embedding_dim),
+                sharding=self._shardings[table.name],
+                local_shards=shards,
+            )
+        return state
+
+    def extra_repr(self) -> str:
+        kinds: dict[str, list[str]] = {}
+        for name, sharding in self._shardings.items():
+            kinds.setdefault(sharding.sharding_type.value, []).append(name)
+        return f"rank={self.env.rank}/{self.env.world_size}, " + ", ".join(
+            f"{k}: {v}" for k, v in kinds.items()
+        )

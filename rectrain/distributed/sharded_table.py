@@ -1,0 +1,50 @@
+"""``ShardedTable``: one rank's part of a sharded table, with the global geometry to save and re-shard it.
+
+It plays the role of TorchRec's ``ShardedTensor`` in state dicts: the global shape, how the table is sharded,
+and this rank's shards, each a tensor with its row/column offsets. Checkpoints write the local shards with
+their offsets; loading onto another plan cuts the needed rectangles out of whatever was saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rectrain.embedding.config import BaseEmbeddingConfig
+from rectrain.planner.types import ParameterSharding, Shard, ShardingType
+
+
+def shard_tables_of(
+    table: BaseEmbeddingConfig, sharding: ParameterSharding, rank: int
+) -> list[tuple[str | None, Shard]]:
+    """This rank's shards of ``table``: (kernel table name, shard); the name is None for data-parallel."""
+    if sharding.sharding_type is ShardingType.DATA_PARALLEL:
+        return [(None, Shard(0, table.num_embeddings, 0, table.embedding_dim, rank))]
+    spec = sharding.sharding_spec or []
+    return [(f"{table.name}#{i}", s) for i, s in enumerate(spec) if s.rank == rank]
+
+
+@dataclass
+class ShardedTable:
+    """A table's global shape and sharding plus this rank's ``(shard, tensor)`` pieces (views, not copies)."""
+
+    global_shape: tuple[int, int]
+    sharding: ParameterSharding
+    local_shards: list[tuple[Shard, Tensor]] = field(default_factory=list)
+
+    def load_from_full(self, full: Tensor) -> None:
+        """Copy this rank's rectangles out of the whole table (re-sharding from any saved layout)."""
+        if tuple(full.shape) != self.global_shape:
+            raise ValueError(
+                f"table has shape {list(self.global_shape)}, the given tensor {list(full.shape)}"
+            )
+        with torch.no_grad():
+            for shard, tensor in self.local_shards:
+                tensor.copy_(
+                    full[
+                        shard.row_offset : shard.row_offset + shard.num_rows,
+                        shard.col_offset : shard.col_offset + shard.num_cols,
+                    ]
+                )

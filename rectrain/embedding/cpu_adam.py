@@ -1,0 +1,114 @@
+"""Adam fused into backward for FBGEMM TBEs on CPU, where FBGEMM 1.8.0 has no Adam kernel.
+
+``CpuAdamLookup`` wraps a TBE in a ``torch.autograd.Function``: forward runs FBGEMM's CPU lookup kernel, and
+backward turns the output gradient into per-row gradients and applies ``torch.optim.SparseAdam``'s update to
+the TBE's own weight storage (``rectrain.embedding.sparse_adam``). No embedding gradient is returned, so the
+update costs only the rows the batch read, as with FBGEMM's fused optimizers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+from torch import Tensor
+
+from rectrain.embedding.config import FusedOptimizerConfig
+from rectrain.embedding.sparse_adam import SparseAdamState, TBELayout, sparse_adam_update_, tbe_row_gradients
+
+
+def tbe_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> TBELayout:
+    """The table layout of a CPU TBE's flat ``weights_host`` buffer, read from the TBE itself."""
+    rows_and_dims = [(int(spec[0]), int(spec[1])) for spec in tbe.embedding_specs]
+    feature_table_map = list(tbe.feature_table_map)
+    feature_offsets = tbe.weights_offsets.tolist()
+    table_offsets = [feature_offsets[feature_table_map.index(t)] for t in range(len(rows_and_dims))]
+    return TBELayout(
+        table_rows=tuple(rows for rows, _ in rows_and_dims),
+        table_dims=tuple(dim for _, dim in rows_and_dims),
+        weights_offsets=tuple(table_offsets),
+        feature_table_map=tuple(feature_table_map),
+    )
+
+
+class _AdamLookupFunction(torch.autograd.Function):
+    """Forward: the TBE's lookup without autograd. Backward: the sparse Adam update, no gradient out."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        placeholder: Tensor,
+        lookup: CpuAdamLookup,
+        indices: Tensor,
+        offsets: Tensor,
+        per_sample_weights: Tensor | None,
+    ) -> Tensor:
+        ctx.lookup = lookup
+        ctx.save_for_backward(indices, offsets, per_sample_weights)
+        # The TBE is built with EXACT_SGD; run without autograd, its own backward never fires.
+        with torch.no_grad():
+            return lookup.tbe(indices, offsets, per_sample_weights)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[None, ...]:  # type: ignore[override]
+        indices, offsets, per_sample_weights = ctx.saved_tensors
+        ctx.lookup.apply_gradient(grad_output, indices, offsets, per_sample_weights)
+        return (None, None, None, None, None)
+
+
+class CpuAdamLookup:
+    """A CPU TBE's lookup whose backward updates the touched rows with ``torch.optim.SparseAdam``'s rule.
+
+    The Adam moments (``exp_avg``, ``exp_avg_sq``, flat like the weights) and one step count per table live
+    here; every table's step advances on every backward, matching SparseAdam over one ``nn.EmbeddingBag`` per
+    table that runs on every batch (and FBGEMM's CUDA Adam, which counts iterations per module).
+
+    Args:
+        tbe: a CPU TBE (``EmbeddingLocation.HOST``); only its weights and forward kernel are used.
+        config: lr, betas, eps and weight_decay of the update; ``lr`` may be changed later via ``self.lr``.
+    """
+
+    def __init__(self, tbe: SplitTableBatchedEmbeddingBagsCodegen, config: FusedOptimizerConfig) -> None:
+        self.tbe = tbe
+        self.layout = tbe_layout(tbe)
+        self.state = SparseAdamState.zeros(tbe.weights_host, self.layout)
+        self.lr = config.lr
+        self.betas = (config.beta1, config.beta2)
+        self.eps = config.eps
+        self.weight_decay = config.weight_decay
+        # Autograd only calls backward for functions with an input that requires grad.
+        self._placeholder = torch.zeros(0, requires_grad=True)
+
+    def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
+        return _AdamLookupFunction.apply(self._placeholder, self, indices, offsets, per_sample_weights)
+
+    def apply_gradient(
+        self, grad_output: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None
+    ) -> None:
+        """Update the rows ``indices`` read, given the gradient of the lookup's output."""
+        row_grads = tbe_row_gradients(
+            grad_output.contiguous(), indices, offsets, self.layout, self.tbe.pooling_mode, per_sample_weights
+        )
+        sparse_adam_update_(
+            self.tbe.weights_host,
+            self.state,
+            row_grads,
+            self.layout,
+            lr=self.lr,
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            step_untouched_tables=True,
+        )
+
+    def table_states(self) -> list[dict[str, Tensor]]:
+        """Per table: ``exp_avg``, ``exp_avg_sq`` as ``[rows, dim]`` views; ``step`` as a 1-element view."""
+        return [
+            {
+                "exp_avg": self.layout.table_view(self.state.exp_avg, t),
+                "exp_avg_sq": self.layout.table_view(self.state.exp_avg_sq, t),
+                "step": self.state.step[t : t + 1],
+            }
+            for t in range(self.layout.num_tables)
+        ]

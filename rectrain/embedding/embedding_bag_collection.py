@@ -1,0 +1,154 @@
+"""``EmbeddingBagCollection``: pooled lookups of several tables through FBGEMM (``torchrec``'s EBC).
+
+All tables that share a pooling mode and data type go through one FBGEMM TBE call; the optimizer is fused into
+its backward (``fused_optimizer``), so no embedding gradient is materialised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, PoolingType
+from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.embedding.pooling import divide_by_bag_lengths
+from rectrain.embedding.table_batch import pooling_mode
+from rectrain.errors import ConfigError
+from rectrain.optim.fused import FusedEmbeddingOptimizer
+from rectrain.sparse import KeyedTensor
+
+logger = logging.getLogger(__name__)
+
+
+def _output_columns(tables: Sequence[EmbeddingBagConfig], groups: Sequence[Sequence[int]]) -> Tensor | None:
+    """Column order that turns the TBE outputs (concatenated in group order) into table order.
+
+    None when the groups already are in table order (one group, or groups that do not interleave).
+    """
+    starts, column = {}, 0
+    for group in groups:
+        for index in group:
+            starts[index] = column
+            column += tables[index].embedding_dim * tables[index].num_features
+    order = [
+        starts[index] + offset
+        for index, table in enumerate(tables)
+        for offset in range(table.embedding_dim * table.num_features)
+    ]
+    return None if order == list(range(column)) else torch.tensor(order, dtype=torch.int64)
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Pooled embeddings of several features, one ``KeyedTensor`` out (``torchrec.EmbeddingBagCollection``).
+
+    ``forward(kjt)`` returns a ``KeyedTensor`` whose keys are the embedding names in table order (each table's
+    ``feature_names``; a feature read by several tables becomes ``"<feature>@<table>"``, as in TorchRec) and
+    whose values are ``[batch, sum of dims]``. The KJT may carry its keys in any order and extra keys.
+
+    Args:
+        tables: the tables; names must be unique.
+        is_weighted: pool ``sum(weight * row)`` using ``kjt.weights()`` as per-id weights.
+        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
+
+    State dict keys are ``embedding_bags.<table>.weight`` (views of the kernel storage; loading copies into
+    it).
+    Unlike TorchRec, the module cannot be moved with ``.to()``: build it on the device it should live on.
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        is_weighted: bool = False,
+        device: torch.device | str | None = None,
+        *,
+        fused_optimizer: FusedOptimizerConfig | None = None,
+    ) -> None:
+        super().__init__()
+        check_table_names(tables)
+        for position, table in enumerate(tables):
+            if not isinstance(table, EmbeddingBagConfig):
+                raise ConfigError(
+                    f"tables[{position}] must be an EmbeddingBagConfig, got {type(table).__name__}"
+                )
+        self._embedding_bag_configs = list(tables)
+        self._is_weighted = is_weighted
+        self._device = torch.device(device if device is not None else "cpu")
+        self.fused_optimizer_config = fused_optimizer or FusedOptimizerConfig()
+        groups = group_tables(
+            self._embedding_bag_configs, key=lambda t: (self._kernel_pooling(t), t.data_type)
+        )
+        self.embedding_bags = FusedTables(
+            self._embedding_bag_configs,
+            groups,
+            [pooling_mode(self._kernel_pooling(tables[group[0]])) for group in groups],
+            self.fused_optimizer_config,
+            self._device,
+            prefix="embedding_bags",
+        )
+        self._router = FeatureRouter([batch.feature_names for batch in self.embedding_bags.batches])
+        self._mean_spans = [self._divided_mean_spans(batch.tables) for batch in self.embedding_bags.batches]
+        names = get_embedding_names_by_table(self._embedding_bag_configs)
+        self._embedding_names = [name for table_names in names for name in table_names]
+        self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
+        columns = _output_columns(self._embedding_bag_configs, groups)
+        self._columns = None if columns is None else columns.to(self._device)
+        self.reset_parameters()
+        logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
+
+    def _kernel_pooling(self, table: EmbeddingBagConfig) -> PoolingType:
+        """Weighted MEAN runs as SUM in the kernel and is divided afterwards (see ``pooling``)."""
+        if self._is_weighted and table.pooling is PoolingType.MEAN:
+            return PoolingType.SUM
+        return table.pooling
+
+    def _divided_mean_spans(self, tables: Sequence[EmbeddingBagConfig]) -> list[tuple[int, int, int]]:
+        """``(feature, first column, dim)`` within one kernel's output of each feature to divide by length."""
+        spans, feature, col = [], 0, 0
+        for table in tables:
+            for _ in table.feature_names:
+                if table.pooling is not self._kernel_pooling(table):
+                    spans.append((feature, col, table.embedding_dim))
+                feature, col = feature + 1, col + table.embedding_dim
+        return spans
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def fused_optimizer(self) -> FusedEmbeddingOptimizer:
+        """The optimizer that updates the tables during backward (its ``step()`` is a no-op)."""
+        return self.embedding_bags.fused_optimizer
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._embedding_bag_configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def reset_parameters(self) -> None:
+        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
+        self.embedding_bags.reset_parameters()
+
+    def forward(self, features: KJTLike) -> KeyedTensor:
+        """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name."""
+        inputs = self._router.route(features, weighted=self._is_weighted)
+        outputs = []
+        for batch, item, spans in zip(self.embedding_bags.batches, inputs, self._mean_spans):
+            pooled = batch(item.indices, item.offsets, item.per_sample_weights)
+            if spans:
+                lengths = item.offsets.diff().view(-1, item.batch_size)
+                pooled = divide_by_bag_lengths(pooled, lengths, spans)
+            outputs.append(pooled)
+        values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self._columns is not None:
+            values = values.index_select(1, self._columns)
+        return KeyedTensor(
+            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
+        )

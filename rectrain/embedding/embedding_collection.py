@@ -1,0 +1,121 @@
+"""``EmbeddingCollection``: per-id (sequence) lookups through FBGEMM, as ``torchrec.EmbeddingCollection``.
+
+FBGEMM's sequence mode (``PoolingMode.NONE``) needs one dim for all tables of a TBE, so tables are grouped by
+dim (and data type); each group is one TBE call with its optimizer fused into backward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from torch import nn
+
+from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
+from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.errors import ConfigError
+from rectrain.optim.fused import FusedEmbeddingOptimizer
+from rectrain.sparse import JaggedTensor
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddingCollection(nn.Module):
+    """Per-id embeddings of several features (``torchrec.EmbeddingCollection``).
+
+    ``forward(kjt)`` returns ``{embedding name: JaggedTensor}`` with values ``[num ids, dim]`` and the
+    feature's lengths; with ``need_indices=True`` the JaggedTensor's weights hold the ids (as TorchRec).
+    Embedding names follow TorchRec (``"<feature>@<table>"`` for a feature read by several tables).
+    Unlike TorchRec, tables may have different dims (each dim gets its own TBE).
+
+    Args:
+        tables: the tables; names must be unique.
+        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        need_indices: also return each id alongside its embedding.
+        fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
+
+    State dict keys are ``embeddings.<table>.weight``.
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingConfig],
+        device: torch.device | str | None = None,
+        *,
+        need_indices: bool = False,
+        fused_optimizer: FusedOptimizerConfig | None = None,
+    ) -> None:
+        super().__init__()
+        check_table_names(tables)
+        for position, table in enumerate(tables):
+            if not isinstance(table, EmbeddingConfig):
+                raise ConfigError(
+                    f"tables[{position}] must be an EmbeddingConfig, got {type(table).__name__}"
+                )
+        self._embedding_configs = list(tables)
+        self._need_indices = need_indices
+        self._device = torch.device(device if device is not None else "cpu")
+        groups = group_tables(self._embedding_configs, key=lambda t: (t.embedding_dim, t.data_type))
+        self.embeddings = FusedTables(
+            self._embedding_configs,
+            groups,
+            [PoolingMode.NONE] * len(groups),
+            fused_optimizer or FusedOptimizerConfig(),
+            self._device,
+            prefix="embeddings",
+        )
+        self._router = FeatureRouter([batch.feature_names for batch in self.embeddings.batches])
+        names = get_embedding_names_by_table(self._embedding_configs)
+        by_table = {table.name: table_names for table, table_names in zip(tables, names)}
+        # Output name of each TBE feature, in TBE order.
+        self._group_names = [
+            [name for table in batch.tables for name in by_table[table.name]]
+            for batch in self.embeddings.batches
+        ]
+        self._embedding_names = [name for table_names in names for name in table_names]
+        self.reset_parameters()
+        logger.debug("EmbeddingCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def fused_optimizer(self) -> FusedEmbeddingOptimizer:
+        """The optimizer that updates the tables during backward (its ``step()`` is a no-op)."""
+        return self.embeddings.fused_optimizer
+
+    def embedding_configs(self) -> list[EmbeddingConfig]:
+        return self._embedding_configs
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def embedding_names_by_table(self) -> list[list[str]]:
+        return get_embedding_names_by_table(self._embedding_configs)
+
+    def reset_parameters(self) -> None:
+        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
+        self.embeddings.reset_parameters()
+
+    def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
+        """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``."""
+        inputs = self._router.route(features, weighted=False)
+        out: dict[str, JaggedTensor] = {}
+        for batch, item, names in zip(self.embeddings.batches, inputs, self._group_names):
+            rows = batch(item.indices, item.offsets)
+            lengths = item.offsets.diff()
+            per_feature_lengths = (
+                lengths.split(item.batch_size) if item.batch_size else [lengths] * len(names)
+            )
+            per_feature_rows = rows.split(item.values_per_feature)
+            per_feature_ids = item.indices.split(item.values_per_feature)
+            for name, values, feature_lengths, ids in zip(
+                names, per_feature_rows, per_feature_lengths, per_feature_ids
+            ):
+                weights = ids if self._need_indices else None
+                out[name] = JaggedTensor(values=values, weights=weights, lengths=feature_lengths)
+        return {name: out[name] for name in self._embedding_names}

@@ -1,0 +1,191 @@
+"""One FBGEMM table-batched embedding (TBE) over a group of tables, with its optimizer fused into backward.
+
+A ``FusedTableBatch`` is the unit every collection is built from: it owns the FBGEMM
+``SplitTableBatchedEmbeddingBagsCodegen`` (weights and optimizer state live in its storage), exposes per-table
+views of both, and translates FBGEMM's terse input errors into messages that name the feature.
+The same code serves CPU (host memory, CPU kernels) and CUDA (device memory, CUDA kernels); the device picks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType as FbgemmOptimType
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
+)
+from torch import Tensor
+
+from rectrain.embedding.config import (
+    BaseEmbeddingConfig,
+    DataType,
+    EmbOptimType,
+    FusedOptimizerConfig,
+    PoolingType,
+)
+from rectrain.embedding.cpu_adam import CpuAdamLookup
+from rectrain.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_FBGEMM_OPTIMIZERS = {
+    EmbOptimType.SGD: FbgemmOptimType.EXACT_SGD,
+    EmbOptimType.ADAGRAD: FbgemmOptimType.EXACT_ADAGRAD,
+    EmbOptimType.ROWWISE_ADAGRAD: FbgemmOptimType.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.ADAM: FbgemmOptimType.ADAM,
+}
+# FBGEMM names its state buffers momentum1/momentum2; Adam's are renamed to torch.optim's names.
+_STATE_NAMES = {
+    EmbOptimType.SGD: (),
+    EmbOptimType.ADAGRAD: ("momentum1",),
+    EmbOptimType.ROWWISE_ADAGRAD: ("momentum1",),
+    EmbOptimType.ADAM: ("exp_avg", "exp_avg_sq"),
+}
+_TRAINING_PRECISIONS = {DataType.FP32: SparseType.FP32, DataType.FP16: SparseType.FP16}
+_POOLING_MODES = {PoolingType.SUM: PoolingMode.SUM, PoolingType.MEAN: PoolingMode.MEAN}
+
+
+def pooling_mode(pooling: PoolingType) -> PoolingMode:
+    """FBGEMM's pooling mode for a pooled table (sequence tables use ``PoolingMode.NONE``)."""
+    return _POOLING_MODES[pooling]
+
+
+def _placement(device: torch.device) -> tuple[EmbeddingLocation, ComputeDevice]:
+    if device.type == "cpu":
+        return EmbeddingLocation.HOST, ComputeDevice.CPU
+    if device.type == "cuda":
+        return EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+    raise ConfigError(f"device must be cpu or cuda, got {device}")
+
+
+def _precision(table: BaseEmbeddingConfig) -> SparseType:
+    if table.data_type not in _TRAINING_PRECISIONS:
+        names = ", ".join(d.value for d in _TRAINING_PRECISIONS)
+        raise ConfigError(
+            f"table {table.name!r}: data_type {table.data_type.value} cannot be trained; use one of {names} "
+            "(quantized types are for serving)"
+        )
+    return _TRAINING_PRECISIONS[table.data_type]
+
+
+class FusedTableBatch:
+    """The tables of one group in one FBGEMM TBE, updated by the fused optimizer during backward.
+
+    Input features are in TBE order: each table of the group in turn, its ``feature_names`` in order.
+    ``indices``/``offsets`` follow FBGEMM's layout: ``offsets`` has ``num_features * batch + 1`` entries,
+    feature-major, exactly like a KeyedJaggedTensor holding those features in that order.
+
+    On CPU, FBGEMM 1.8.0 fuses only SGD and the two Adagrads; Adam there runs the project's sparse Adam from a
+    custom autograd function (``CpuAdamLookup``) around FBGEMM's forward kernel.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[BaseEmbeddingConfig],
+        pooling: PoolingMode,
+        optimizer: FusedOptimizerConfig,
+        device: torch.device,
+    ) -> None:
+        self.tables = list(tables)
+        self.feature_names = [name for table in self.tables for name in table.feature_names]
+        self.optimizer = optimizer.optimizer
+        precisions = {_precision(table) for table in self.tables}
+        assert len(precisions) == 1, "tables of one TBE must share a data_type (see group_tables)"
+        cpu_adam = optimizer.optimizer is EmbOptimType.ADAM and device.type == "cpu"
+        location, compute_device = _placement(device)
+        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(t.num_embeddings, t.embedding_dim, location, compute_device) for t in self.tables],
+            feature_table_map=[i for i, t in enumerate(self.tables) for _ in t.feature_names],
+            # The CPU Adam path updates weights itself; the TBE then only stores weights and runs forward.
+            optimizer=FbgemmOptimType.EXACT_SGD if cpu_adam else _FBGEMM_OPTIMIZERS[optimizer.optimizer],
+            learning_rate=optimizer.lr,
+            eps=optimizer.eps,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            weight_decay=optimizer.weight_decay,
+            weight_decay_mode=WeightDecayMode.L2 if optimizer.weight_decay > 0 else WeightDecayMode.NONE,
+            pooling_mode=pooling,
+            device=device,
+            # FATAL raises on CPU; on CUDA it is a device-side assert that kills the context, so there FBGEMM
+            # instead replaces out-of-range ids by 0 and logs a warning.
+            bounds_check_mode=BoundsCheckMode.FATAL if device.type == "cpu" else BoundsCheckMode.WARNING,
+            weights_precision=precisions.pop(),
+            output_dtype=SparseType.FP32,
+            table_names=[t.name for t in self.tables],
+        )
+        self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
+        logger.debug(
+            "TBE over tables %s: optimizer %s, pooling %s, device %s",
+            [t.name for t in self.tables],
+            optimizer.optimizer.value,
+            pooling.name,
+            device,
+        )
+
+    def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
+        """Pooled ``[batch, sum of feature dims]`` (or, unpooled, ``[num ids, dim]``) embeddings."""
+        try:
+            if self._cpu_adam is not None:
+                return self._cpu_adam(indices, offsets, per_sample_weights)
+            return self.tbe(indices, offsets, per_sample_weights)
+        except RuntimeError as error:
+            out_of_range = self._find_out_of_range_id(indices, offsets)
+            if out_of_range is not None:
+                raise out_of_range from error
+            raise
+
+    def _find_out_of_range_id(self, indices: Tensor, offsets: Tensor) -> ValueError | None:
+        """Name the first feature holding an id outside its table; only called after FBGEMM failed."""
+        if offsets.numel() < 1 or (offsets.numel() - 1) % len(self.feature_names):
+            return None
+        batch = (offsets.numel() - 1) // len(self.feature_names)
+        bounds = offsets[::batch].tolist() if batch else [0] * (len(self.feature_names) + 1)
+        rows = [table.num_embeddings for table in self.tables for _ in table.feature_names]
+        for feature, name in enumerate(self.feature_names):
+            ids = indices[bounds[feature] : bounds[feature + 1]]
+            bad = ids[(ids < 0) | (ids >= rows[feature])]
+            if bad.numel():
+                return ValueError(
+                    f"feature {name!r}: id {int(bad[0])} is out of range for its table "
+                    f"(num_embeddings={rows[feature]}); ids must lie in [0, {rows[feature]})"
+                )
+        return None
+
+    def table_weights(self) -> list[Tensor]:
+        """Per-table ``[num_embeddings, embedding_dim]`` views of the TBE's weight storage."""
+        return self.tbe.split_embedding_weights()
+
+    def table_optimizer_states(self) -> list[dict[str, Tensor]]:
+        """Per table, the optimizer state views by name (``momentum1``; Adam: ``exp_avg``, ``exp_avg_sq``,
+        ``step``)."""
+        if self._cpu_adam is not None:
+            return self._cpu_adam.table_states()
+        names = _STATE_NAMES[self.optimizer]
+        if not names:
+            return [{} for _ in self.tables]
+        states = [dict(zip(names, per_table)) for per_table in self.tbe.split_optimizer_states()]
+        if self.optimizer is EmbOptimType.ADAM:
+            # FBGEMM keeps one step counter per TBE (its ``iter``), shared by every table of the batch.
+            for state in states:
+                state["step"] = self.tbe.iter
+        return states
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the learning rate the next backward uses."""
+        if self._cpu_adam is not None:
+            self._cpu_adam.lr = lr
+        else:
+            self.tbe.set_learning_rate(lr)
+
+    def get_learning_rate(self) -> float:
+        return self._cpu_adam.lr if self._cpu_adam is not None else self.tbe.get_learning_rate()

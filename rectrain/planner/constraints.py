@@ -1,0 +1,90 @@
+"""Per-table planning constraints (``torchrec.distributed.planner.ParameterConstraints``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rectrain.embedding.config import BaseEmbeddingConfig
+from rectrain.errors import ConfigError
+from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+
+POOLING_FACTOR = 1.0  # expected ids per example per feature when the user gives none (TorchRec's default)
+
+
+@dataclass
+class ParameterConstraints:
+    """What the planner may do with one table and what it should expect of the table's inputs.
+
+    - ``sharding_types`` / ``compute_kernels``: the allowed choices (None: all).
+    - ``pooling_factors``: expected ids per example, one per feature of the table, or one for all features.
+    - ``batch_sizes``: per-rank batch size per feature (or one for all); None uses the planner's batch size.
+    - ``min_partition``: the fewest rows (row-wise) or columns (column-wise) a shard may have.
+    - ``column_wise_shard_dim``: the width of column-wise shards (a multiple of 4); None lets the planner try
+      several widths.
+    - ``enforce_hbm`` / ``cacheable``: offload preferences, recorded; no kernel uses them yet.
+    """
+
+    sharding_types: list[str] | None = None
+    compute_kernels: list[str] | None = None
+    min_partition: int | None = None
+    pooling_factors: list[float] = field(default_factory=lambda: [POOLING_FACTOR])
+    batch_sizes: list[int] | None = None
+    column_wise_shard_dim: int | None = None
+    enforce_hbm: bool | None = None
+    cacheable: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharding_types is not None:
+            self.sharding_types = [_parse(ShardingType, s, "sharding_types") for s in self.sharding_types]
+            if not self.sharding_types:
+                raise ConfigError("sharding_types must not be empty (use None to allow every type)")
+        if self.compute_kernels is not None:
+            self.compute_kernels = [
+                _parse(EmbeddingComputeKernel, k, "compute_kernels") for k in self.compute_kernels
+            ]
+            if not self.compute_kernels:
+                raise ConfigError("compute_kernels must not be empty (use None to allow every kernel)")
+        self.pooling_factors = [float(p) for p in self.pooling_factors]
+        if not self.pooling_factors or any(not p > 0 for p in self.pooling_factors):
+            raise ConfigError(
+                f"pooling_factors must be a non-empty list of values > 0, got {self.pooling_factors}"
+            )
+        if self.batch_sizes is not None and (
+            not self.batch_sizes or any(not isinstance(b, int) or b <= 0 for b in self.batch_sizes)
+        ):
+            raise ConfigError(
+                f"batch_sizes must be a non-empty list of positive ints, got {self.batch_sizes}"
+            )
+        if self.min_partition is not None and (
+            not isinstance(self.min_partition, int) or self.min_partition <= 0
+        ):
+            raise ConfigError(f"min_partition must be a positive int, got {self.min_partition!r}")
+        dim = self.column_wise_shard_dim
+        if dim is not None and (not isinstance(dim, int) or dim <= 0 or dim % 4 != 0):
+            raise ConfigError(f"column_wise_shard_dim must be a positive multiple of 4, got {dim!r}")
+
+    def per_feature(self, table: BaseEmbeddingConfig, default_batch_size: int) -> list[tuple[int, float]]:
+        """``(batch_size, pooling_factor)`` of every feature of ``table``, broadcasting single values."""
+        n = table.num_features or 1
+        pooling = _broadcast(self.pooling_factors, n, "pooling_factors", table.name)
+        batches = _broadcast(self.batch_sizes or [default_batch_size], n, "batch_sizes", table.name)
+        return list(zip(batches, pooling))
+
+
+def _parse(enum_type, value, argument: str):
+    try:
+        return enum_type(value)
+    except ValueError:
+        names = ", ".join(v.value for v in enum_type)
+        raise ConfigError(f"{argument}: {value!r} is not one of {names}") from None
+
+
+def _broadcast(values: list, n: int, argument: str, table: str) -> list:
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ConfigError(
+            f"table {table!r}: {argument} has {len(values)} values but the table has {n} features "
+            "(give one value per feature, or a single value for all)"
+        )
+    return list(values)

@@ -1,0 +1,162 @@
+"""Enumerate every legal way to shard each table (shapes only; ranks are chosen by the partitioner).
+
+Shapes follow FBGEMM/TorchRec semantics:
+- data parallel: one full shard replicated on every rank (dense kernel only: its gradient is all-reduced);
+- table wise: one full shard on one rank;
+- row wise: ``world_size`` row blocks of ``ceil(num_embeddings / world_size)`` rows (block-bucketize), shard
+  ``i`` on rank ``i``; the last shards are smaller, possibly empty;
+- column wise: column blocks of a width that is a multiple of 4, each placed like a table-wise table;
+- table row wise: row blocks over the ``local_world_size`` ranks of one host, the host chosen by the
+  partitioner.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig
+from rectrain.errors import ConfigError
+from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.topology import Topology
+from rectrain.planner.types import EmbeddingComputeKernel, Shard, ShardingType
+
+logger = logging.getLogger(__name__)
+
+CW_SHARD_DIMS = (32, 64, 128, 256)  # column-wise widths tried when the constraints name none
+MIN_CW_DIM = 32  # narrowest automatic column-wise shard (TorchRec uses 128; our tables are often 64 wide)
+
+
+@dataclass
+class ShardingOption:
+    """One way to shard one table. ``features`` holds ``(batch_size, pooling_factor)`` per feature."""
+
+    module_path: str
+    table: BaseEmbeddingConfig
+    sharding_type: ShardingType
+    compute_kernel: EmbeddingComputeKernel
+    shards: list[Shard]
+    features: list[tuple[int, float]]
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    @property
+    def fqn(self) -> str:
+        return f"{self.module_path}.{self.name}" if self.module_path else self.name
+
+    @property
+    def is_pooled(self) -> bool:
+        return isinstance(self.table, EmbeddingBagConfig)
+
+
+def row_blocks(num_rows: int, parts: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of ``parts`` row blocks of ``ceil(num_rows / parts)`` rows (FBGEMM bucketize)."""
+    block = math.ceil(num_rows / parts)
+    return [(min(i * block, num_rows), max(0, min(block, num_rows - i * block))) for i in range(parts)]
+
+
+def column_blocks(num_cols: int, width: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of column blocks of ``width`` columns; the last one takes the remainder."""
+    return [(offset, min(width, num_cols - offset)) for offset in range(0, num_cols, width)]
+
+
+class EmbeddingEnumerator:
+    """Lists the legal :class:`ShardingOption` of every table, in a deterministic order."""
+
+    def __init__(self, topology: Topology, batch_size: int) -> None:
+        self._topology = topology
+        self._batch_size = batch_size
+
+    def enumerate(
+        self, tables: dict[str, list[BaseEmbeddingConfig]], constraints: dict[str, ParameterConstraints]
+    ) -> list[list[ShardingOption]]:
+        """Options per table, tables ordered by (module path, table name)."""
+        result = []
+        for module_path in sorted(tables):
+            for table in sorted(tables[module_path], key=lambda t: t.name):
+                constraint = constraints.get(table.name, ParameterConstraints())
+                options = self._table_options(module_path, table, constraint)
+                if not options:
+                    raise ConfigError(
+                        f"table {table.name!r} (module {module_path!r}): no sharding is legal with "
+                        f"sharding_types={_names(constraint.sharding_types)} and "
+                        f"compute_kernels={_names(constraint.compute_kernels)}"
+                    )
+                result.append(options)
+        return result
+
+    def _table_options(
+        self, module_path: str, table: BaseEmbeddingConfig, constraint: ParameterConstraints
+    ) -> list[ShardingOption]:
+        features = constraint.per_feature(table, self._batch_size)
+        allowed_types = constraint.sharding_types or list(ShardingType)
+        allowed_kernels = constraint.compute_kernels or list(EmbeddingComputeKernel)
+        options = []
+        for sharding_type in ShardingType:
+            if sharding_type not in allowed_types:
+                continue
+            for shards in self._shapes(table, sharding_type, constraint):
+                for kernel in EmbeddingComputeKernel:
+                    if kernel in allowed_kernels and _kernel_fits(sharding_type, kernel):
+                        options.append(
+                            ShardingOption(module_path, table, sharding_type, kernel, shards, features)
+                        )
+        return options
+
+    def _shapes(
+        self, table: BaseEmbeddingConfig, sharding_type: ShardingType, constraint: ParameterConstraints
+    ) -> list[list[Shard]]:
+        rows, cols = table.num_embeddings, table.embedding_dim
+        topo = self._topology
+        min_part = constraint.min_partition or 1
+        if sharding_type in (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE):
+            return [[Shard(0, rows, 0, cols)]]
+        if sharding_type == ShardingType.ROW_WISE:
+            if math.ceil(rows / topo.world_size) < min_part:
+                return []
+            return [
+                [Shard(o, n, 0, cols, rank=i) for i, (o, n) in enumerate(row_blocks(rows, topo.world_size))]
+            ]
+        if sharding_type == ShardingType.TABLE_ROW_WISE:
+            if topo.num_hosts == 1:
+                if constraint.sharding_types == [ShardingType.TABLE_ROW_WISE]:
+                    raise ConfigError(
+                        f"table {table.name!r}: table_row_wise needs more than one host: local_world_size "
+                        f"({topo.local_world_size}) must be smaller than world_size ({topo.world_size})"
+                    )
+                return []
+            if math.ceil(rows / topo.local_world_size) < min_part:
+                return []
+            return [[Shard(o, n, 0, cols) for o, n in row_blocks(rows, topo.local_world_size)]]
+        assert sharding_type == ShardingType.COLUMN_WISE
+        return [
+            [Shard(0, rows, o, n) for o, n in column_blocks(cols, width)]
+            for width in self._column_widths(cols, constraint)
+        ]
+
+    def _column_widths(self, cols: int, constraint: ParameterConstraints) -> list[int]:
+        if cols % 4 != 0:
+            logger.debug("column-wise needs embedding_dim divisible by 4; %d is not", cols)
+            return []
+        width = constraint.column_wise_shard_dim
+        min_part = constraint.min_partition or (4 if width is not None else MIN_CW_DIM)
+        if width is not None:
+            # An explicit width may give more shards than ranks; several shards then share a rank.
+            return [width] if min_part <= width < cols else []
+        even_split = 4 * math.ceil(cols / self._topology.world_size / 4)
+        candidates = {*CW_SHARD_DIMS, even_split}
+        return sorted(
+            w for w in candidates if min_part <= w < cols and math.ceil(cols / w) <= self._topology.world_size
+        )
+
+
+def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) -> bool:
+    # A replicated table needs its gradient materialised for the all-reduce, so only the dense kernel.
+    return sharding_type != ShardingType.DATA_PARALLEL or kernel == EmbeddingComputeKernel.DENSE
+
+
+def _names(values: list | None) -> str:
+    return "all" if values is None else "[" + ", ".join(str(v) for v in values) + "]"

@@ -1,0 +1,229 @@
+"""``EmbeddingShardingPlanner``: enumerate options, estimate them, search placements, return the best plan.
+
+The order of work (``plan``):
+1. collect the tables of every module and check names and constraints;
+2. enumerate every legal sharding option per table and estimate each shard's bytes and seconds;
+3. drop options with a shard larger than any rank's memory (a table too big for one rank is thereby split);
+4. partition a few proposals (cheapest per table, one uniform per sharding type, leanest in memory) and
+   improve the best with a bounded local search; a memory-balanced placement of the leanest options is the
+   fallback;
+5. keep the placement with the lowest (slowest rank's seconds, fullest rank's bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
+from rectrain.errors import ConfigError
+from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.enumerate import EmbeddingEnumerator, ShardingOption
+from rectrain.planner.errors import PlannerError
+from rectrain.planner.partition import PartitionFailure, Placement, partition
+from rectrain.planner.perf import estimate_perf
+from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.proposers import (
+    Proposal,
+    Score,
+    best_perf_proposal,
+    local_search,
+    memory_lean_proposal,
+    uniform_proposals,
+)
+from rectrain.planner.storage import estimate_storage
+from rectrain.planner.tables import collect_tables
+from rectrain.planner.topology import Topology
+from rectrain.planner.types import ParameterSharding, ShardingType
+
+logger = logging.getLogger(__name__)
+
+BATCH_SIZE = 512  # per-rank batch size assumed when none is given (TorchRec's default)
+
+
+class EmbeddingShardingPlanner:
+    """Plans how to shard embedding tables over a topology (``torchrec.distributed.planner``'s planner).
+
+    ``constraints`` maps table names to :class:`ParameterConstraints`. ``fused_optimizer`` sizes the optimizer
+    state. ``max_search_evaluations`` bounds the local search (placements tried), and so planning time.
+    """
+
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        fused_optimizer: FusedOptimizerConfig | None = None,
+        max_search_evaluations: int = 256,
+    ) -> None:
+        if topology is None:
+            topology = _default_topology()
+        batch_size = BATCH_SIZE if batch_size is None else batch_size
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        if max_search_evaluations < 1:
+            raise ConfigError(f"max_search_evaluations must be >= 1, got {max_search_evaluations}")
+        self._topology = topology
+        self._batch_size = batch_size
+        self._constraints = dict(constraints or {})
+        self._optimizer = fused_optimizer or FusedOptimizerConfig()
+        self._max_evaluations = max_search_evaluations
+        self._enumerator = EmbeddingEnumerator(topology, batch_size)
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    def plan(
+        self, module_or_tables: nn.Module | dict[str, list[BaseEmbeddingConfig]], sharders: list | None = None
+    ) -> ShardingPlan:
+        """Plan every table of ``module_or_tables`` (``{module_path: [table configs]}`` or a module to scan).
+
+        ``sharders`` is accepted for TorchRec signature compatibility; restricting sharding types through
+        sharders is not supported yet, so it must be None (use ``ParameterConstraints`` instead).
+        """
+        if sharders is not None:
+            raise NotImplementedError(
+                "sharders are not supported yet; restrict choices with ParameterConstraints"
+            )
+        tables = collect_tables(module_or_tables)
+        known = {t.name for configs in tables.values() for t in configs}
+        unknown = sorted(set(self._constraints) - known)
+        if unknown:
+            raise ConfigError(
+                f"constraints name tables that do not exist: {unknown}; tables: {sorted(known)}"
+            )
+        options = [
+            [self._estimate(o) for o in opts]
+            for opts in self._enumerator.enumerate(tables, self._constraints)
+        ]
+        options = [self._drop_oversized(opts) for opts in options]
+        placement = self._search(options)
+        plan = _to_plan(placement, tables, self._topology)
+        logger.info("sharding plan (score %s):\n%s", placement.score, plan.report())
+        return plan
+
+    def collective_plan(
+        self,
+        module_or_tables: nn.Module | dict[str, list[BaseEmbeddingConfig]],
+        sharders: list | None = None,
+        pg: dist.ProcessGroup | None = None,
+    ) -> ShardingPlan:
+        """Plan on rank 0 of ``pg`` and broadcast the plan's JSON so every rank uses the same plan.
+
+        Without an initialised ``torch.distributed`` this is :meth:`plan`. A planning error on rank 0 is
+        broadcast too and raised on every rank, so no rank hangs.
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.plan(module_or_tables, sharders)
+        payload: list[str | None] = [None]
+        if dist.get_rank(pg) == 0:
+            try:
+                payload[0] = self.plan(module_or_tables, sharders).to_json()
+            except (PlannerError, ConfigError) as e:
+                payload[0] = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        dist.broadcast_object_list(payload, group=pg, group_src=0)
+        data = json.loads(payload[0])
+        if "error" in data:
+            raise PlannerError(f"planning failed on rank 0: {data['error']}")
+        return ShardingPlan.from_dict(data)
+
+    def _estimate(self, option: ShardingOption) -> ShardingOption:
+        storage = estimate_storage(option, self._topology, self._optimizer)
+        perf = estimate_perf(option, self._topology, self._optimizer)
+        shards = [dataclasses.replace(s, storage=b, perf=t) for s, b, t in zip(option.shards, storage, perf)]
+        return dataclasses.replace(option, shards=shards)
+
+    def _drop_oversized(self, options: list[ShardingOption]) -> list[ShardingOption]:
+        """Options whose every shard fits some rank it may go to, on an empty topology."""
+        caps = [self._topology.capacity(r) for r in range(self._topology.world_size)]
+
+        def fits(option: ShardingOption) -> bool:
+            if option.sharding_type == ShardingType.DATA_PARALLEL:
+                return option.shards[0].storage <= min(caps)
+            if option.sharding_type == ShardingType.ROW_WISE:
+                return all(s.storage <= caps[s.rank] for s in option.shards)
+            return all(s.storage <= max(caps) for s in option.shards)
+
+        kept = [o for o in options if fits(o)]
+        if not kept:
+            leanest = min(options, key=lambda o: max(s.storage for s in o.shards))
+            raise _no_fit_error(leanest, max(s.storage for s in leanest.shards), caps)
+        return kept
+
+    def _search(self, options: list[list[ShardingOption]]) -> Placement:
+        world = self._topology.world_size
+        placements: dict[Proposal, Placement | PartitionFailure] = {}
+
+        def evaluate(proposal: Proposal) -> Score | None:
+            if proposal not in placements:
+                chosen = [opts[i] for opts, i in zip(options, proposal)]
+                placements[proposal] = partition(chosen, self._topology, "perf")
+            result = placements[proposal]
+            return result.score if isinstance(result, Placement) else None
+
+        lean = memory_lean_proposal(options, world)
+        proposals = [best_perf_proposal(options, world), *uniform_proposals(options, world), lean]
+        scored = [(s, i, p) for i, p in enumerate(proposals) if (s := evaluate(p)) is not None]
+        start = min(scored)[2] if scored else proposals[0]
+        best, best_score = local_search(options, start, evaluate, self._max_evaluations)
+        memory_balanced = partition([opts[i] for opts, i in zip(options, lean)], self._topology, "memory")
+        candidates = [placements[best]] if best_score is not None else []
+        if isinstance(memory_balanced, Placement):
+            candidates.append(memory_balanced)
+        if not candidates:
+            assert isinstance(memory_balanced, PartitionFailure)
+            raise _no_fit_error(memory_balanced.option, memory_balanced.needed, memory_balanced.free)
+        logger.debug("planner evaluated %d placements", len(placements))
+        return min(candidates, key=lambda p: p.score)
+
+
+def _default_topology() -> Topology:
+    """The running job's world (``LOCAL_WORLD_SIZE`` as torchrun sets it), or a single cpu/cuda rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        world, local = 1, None
+    else:
+        world = dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Topology(world_size=world, compute_device=device, local_world_size=local)
+
+
+def _no_fit_error(option: ShardingOption, needed: int, free: list[int]) -> PlannerError:
+    table = option.table
+    weight_bytes = table.num_embeddings * table.embedding_dim * table.data_type.bits // 8
+    shortfall = ", ".join(
+        f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
+    )
+    return PlannerError(
+        f"cannot place table {table.name!r} of module {option.module_path!r} "
+        f"({table.num_embeddings} x {table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of "
+        f"weights): its smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer "
+        f"state and buffers; per rank: {shortfall}. Add ranks, raise ddr_cap/hbm_cap, lower the batch "
+        "size, or allow more sharding types in the table's ParameterConstraints"
+    )
+
+
+def _to_plan(
+    placement: Placement, tables: dict[str, list[BaseEmbeddingConfig]], topology: Topology
+) -> ShardingPlan:
+    plan: dict[str, dict[str, ParameterSharding]] = {path: {} for path in sorted(tables)}
+    for option in placement.options:
+        if option.sharding_type == ShardingType.DATA_PARALLEL:
+            ranks = list(range(topology.world_size))
+        else:
+            ranks = [s.rank for s in option.shards]
+        plan[option.module_path][option.name] = ParameterSharding(
+            option.sharding_type, option.compute_kernel, ranks, list(option.shards)
+        )
+    shapes = {
+        path: {t.name: (t.num_embeddings, t.embedding_dim) for t in sorted(configs, key=lambda t: t.name)}
+        for path, configs in sorted(tables.items())
+    }
+    return ShardingPlan(plan, topology.world_size, shapes, topology.local_world_size)

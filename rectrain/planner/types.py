@@ -1,0 +1,100 @@
+"""The vocabulary of a sharding plan: sharding types, compute kernels, shards and a table's sharding.
+
+Names and string values follow ``torchrec.distributed.types`` / ``torchrec.distributed.planner.types``
+so that a TorchRec plan (and the code that builds one) ports by changing imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, unique
+
+from rectrain.errors import ConfigError
+
+
+@unique
+class ShardingType(str, Enum):
+    """How one table is split across ranks (TorchRec's string values)."""
+
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    ROW_WISE = "row_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@unique
+class EmbeddingComputeKernel(str, Enum):
+    """How a shard is looked up and updated.
+
+    ``fused``: FBGEMM table-batched embedding with the optimizer applied inside backward (no gradient tensor).
+    ``dense``: a plain weight with a materialised gradient, stepped by a regular optimizer (the only kernel
+    data-parallel tables use, because their gradient must be all-reduced).
+    """
+
+    DENSE = "dense"
+    FUSED = "fused"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rectangle of a table, ``rows [row_offset, row_offset + num_rows) x cols [col_offset, ...)``.
+
+    ``rank`` is None while the shard is not placed, and for data-parallel tables (replicated on every rank).
+    ``storage`` (bytes) and ``perf`` (seconds per iteration) are the planner's estimates on the shard's rank;
+    they are informative only and may be left out of a hand-written plan.
+    """
+
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+    rank: int | None = None
+    storage: int | None = field(default=None, compare=False)
+    perf: float | None = field(default=None, compare=False)
+
+    @property
+    def shard_offsets(self) -> list[int]:
+        """``[row_offset, col_offset]``, as in TorchRec's ``ShardMetadata``."""
+        return [self.row_offset, self.col_offset]
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """``[num_rows, num_cols]``, as in TorchRec's ``ShardMetadata``."""
+        return [self.num_rows, self.num_cols]
+
+
+@dataclass
+class ParameterSharding:
+    """How one table is sharded: its type, kernel, the rank of each shard, and the shards themselves.
+
+    Mirrors ``torchrec.distributed.types.ParameterSharding``. ``ranks`` lists the rank of every shard in
+    ``sharding_spec`` order (every rank for data-parallel tables).
+    """
+
+    sharding_type: ShardingType
+    compute_kernel: EmbeddingComputeKernel
+    ranks: list[int] | None = None
+    sharding_spec: list[Shard] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self.sharding_type = ShardingType(self.sharding_type)
+        except ValueError:
+            names = ", ".join(t.value for t in ShardingType)
+            raise ConfigError(f"sharding_type must be one of {names}; got {self.sharding_type!r}") from None
+        try:
+            self.compute_kernel = EmbeddingComputeKernel(self.compute_kernel)
+        except ValueError:
+            names = ", ".join(k.value for k in EmbeddingComputeKernel)
+            raise ConfigError(f"compute_kernel must be one of {names}; got {self.compute_kernel!r}") from None
+        if self.ranks is not None:
+            self.ranks = list(self.ranks)
+        if self.sharding_spec is not None:
+            self.sharding_spec = list(self.sharding_spec)
