@@ -1,4 +1,4 @@
-"""Distributed training: process-group setup and the collectives the sharding code is written in."""
+"""Distributed training: DistributedModelParallel, sharded collections, process groups and collectives."""
 
 from rectrain.distributed.comm import (
     all_gather_v,
@@ -10,10 +10,32 @@ from rectrain.distributed.comm import (
     reduce_scatter_v_pooled,
 )
 from rectrain.distributed.env import ShardingEnv, default_backend, init_from_env, intra_and_cross_node_pg
+from rectrain.distributed.model_parallel import DistributedModelParallel
 from rectrain.distributed.pending import Pending
+from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
+from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+from rectrain.planner.types import ShardingType
 
 __all__ = [
+    "DistributedModelParallel",
     "Pending",
+    "ShardedEmbeddingBagCollection",
+    "ShardedTable",
+    "ShardingType",
+    "column_wise",
+    "construct_module_sharding_plan",
+    "data_parallel",
+    "row_wise",
+    "table_row_wise",
+    "table_wise",
     "ShardingEnv",
     "all_gather_v",
     "all_reduce_coalesced",

@@ -49,6 +49,7 @@ class EmbeddingCollection(nn.Module):
         fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
+        self.fused_optimizer_config = fused_optimizer or FusedOptimizerConfig()
         check_table_names(tables)
         for position, table in enumerate(tables):
             if not isinstance(table, EmbeddingConfig):
@@ -63,7 +64,7 @@ class EmbeddingCollection(nn.Module):
             self._embedding_configs,
             groups,
             [PoolingMode.NONE] * len(groups),
-            fused_optimizer or FusedOptimizerConfig(),
+            self.fused_optimizer_config,
             self._device,
             prefix="embeddings",
         )

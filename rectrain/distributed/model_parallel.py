@@ -1,0 +1,227 @@
+"""``DistributedModelParallel``: shard a model's embedding collections by a plan, data-parallelise the rest.
+
+The order of work (each a plain step below):
+1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
+2. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
+3. replace each collection by its sharded form on this rank (weights copied from the collection);
+4. move the rest to the device and wrap it in DDP, telling DDP to leave the sharded tables alone (they are
+   never replicated; their updates happen inside backward).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
+from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
+from rectrain.errors import ConfigError
+from rectrain.optim import CombinedOptimizer
+from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
+
+logger = logging.getLogger(__name__)
+
+_COLLECTIONS = (EmbeddingBagCollection, EmbeddingCollection)
+
+
+def _default_device(env: ShardingEnv) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def find_collections(module: nn.Module) -> dict[str, nn.Module]:
+    """``{path: collection}`` of every embedding collection in ``module`` (outermost, in module order)."""
+    found: dict[str, nn.Module] = {}
+    for path, child in module.named_modules():
+        if isinstance(child, _COLLECTIONS) and not any(path.startswith(f"{p}.") for p in found):
+            found[path] = child
+    return found
+
+
+def _tables_of(collection: nn.Module) -> list:
+    if isinstance(collection, EmbeddingBagCollection):
+        return collection.embedding_bag_configs()
+    return collection.embedding_configs()
+
+
+def plan_collections(
+    collections: dict[str, nn.Module], env: ShardingEnv, device: torch.device, batch_size: int | None
+) -> ShardingPlan:
+    """Plan every collection on rank 0 for this world and broadcast the plan to all ranks."""
+    topology = Topology(
+        world_size=env.world_size, compute_device=device.type, local_world_size=env.local_world_size
+    )
+    # The planner sizes optimizer state from one config; the largest state per row is the safe estimate.
+    optimizers = [c.fused_optimizer_config for c in collections.values()]
+    largest = max(optimizers, key=lambda config: config.state_floats_per_row(128))
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, fused_optimizer=largest)
+    return planner.collective_plan({path: _tables_of(c) for path, c in collections.items()}, pg=env.pg)
+
+
+def _shard(
+    collection: nn.Module, path: str, plan: ShardingPlan, env: ShardingEnv, device: torch.device
+) -> nn.Module:
+    module_plan = plan.get_plan_for_module(path)
+    if module_plan is None:
+        raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
+    if isinstance(collection, EmbeddingBagCollection):
+        return ShardedEmbeddingBagCollection(collection, module_plan, env, device)
+    from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
+
+    return ShardedEmbeddingCollection(collection, module_plan, env, device)
+
+
+def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
+    if not path:
+        return new
+    parent_path, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent_path), name, new)
+    return root
+
+
+class DistributedModelParallel(nn.Module):
+    """A model whose embedding collections are sharded across the ranks of ``env`` (``torchrec``'s DMP).
+
+    Args:
+        module: the unsharded model, built identically on every rank (its tables' weights get sharded).
+        env: this rank's place in the process group; default: the initialised default group.
+        device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
+        plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
+        batch_size: the per-rank batch size the planner assumes when planning.
+
+    ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
+    ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every collection's fused optimizer, and
+    ``state_dict()`` gives each sharded table as a ``ShardedTable`` (global shape, offsets, local shards).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        env: ShardingEnv | None = None,
+        device: torch.device | str | None = None,
+        plan: ShardingPlan | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if env is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ConfigError(
+                    "DistributedModelParallel needs torch.distributed: launch with torchrun and call "
+                    "rectrain.distributed.init_from_env() first, or pass env=ShardingEnv(...)"
+                )
+            env = ShardingEnv.from_process_group(dist.group.WORLD)
+        self.env = env
+        self.device = torch.device(device) if device is not None else _default_device(env)
+        collections = find_collections(module)
+        if plan is None and collections:
+            plan = plan_collections(collections, env, self.device, batch_size)
+        self.plan = plan
+        self._sharded_paths = list(collections)
+        for path, collection in collections.items():
+            module = _replace(module, path, _shard(collection, path, plan, env, self.device))
+        module = module.to(self.device)
+        self._dmp_wrapped_module = self._wrap_dense(module)
+        logger.info(
+            "DistributedModelParallel on rank %d/%d: sharded %s", env.rank, env.world_size, collections
+        )
+
+    def _wrap_dense(self, module: nn.Module) -> nn.Module:
+        if not any(p.requires_grad for p in module.parameters()):
+            return module
+        sharded = {
+            f"{path}.{name}" if path else name
+            for path in self._sharded_paths
+            for name, _ in module.get_submodule(path).named_parameters()
+        }
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(
+            module,
+            device_ids=device_ids,
+            process_group=self.env.pg,
+            broadcast_buffers=False,
+            gradient_as_bucket_view=True,
+        )
+
+    @property
+    def module(self) -> nn.Module:
+        """The sharded model, without the DDP wrapper."""
+        wrapped = self._dmp_wrapped_module
+        return wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._dmp_wrapped_module(*args, **kwargs)
+
+    def sharded_modules(self) -> dict[str, nn.Module]:
+        return {path: self.module.get_submodule(path) for path in self._sharded_paths}
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        """Every sharded collection's fused optimizer, keyed by module path (``step()`` does nothing)."""
+        members = [(path or "model", m.fused_optimizer) for path, m in self.sharded_modules().items()]
+        if not members:
+            raise ConfigError("this model has no embedding collections, so no fused optimizer")
+        return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        """The model's parameters under the model's own names (no DDP or DMP prefixes)."""
+        yield from self.module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
+    ) -> Any:
+        """The model's state; each sharded table appears once as a ``ShardedTable``."""
+        state = self.module.state_dict(prefix=prefix, keep_vars=keep_vars)
+        for path, sharded in self.sharded_modules().items():
+            inner = f"{prefix}{path}." if path else prefix
+            for key in [k for k in state if k.startswith(inner)]:
+                del state[key]
+            state.update({f"{inner}{key}": table for key, table in sharded.sharded_state().items()})
+        if destination is not None:
+            destination.update(state)
+            return destination
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Load dense tensors as usual and each sharded table from a ``ShardedTable`` or a full tensor."""
+        sharded = {k: v for k, v in self.state_dict(keep_vars=True).items() if isinstance(v, ShardedTable)}
+        for key, target in sharded.items():
+            if key in state_dict:
+                _load_sharded(key, target, state_dict[key])
+            elif strict:
+                raise KeyError(f"state_dict has no entry for the sharded table {key!r}")
+        dense = {k: v for k, v in state_dict.items() if k not in sharded}
+        result = self.module.load_state_dict(dense, strict=False, assign=assign)
+        # The sharded modules' own (per-shard) keys are covered by the ShardedTable entries above.
+        inner = tuple(f"{path}." for path in self._sharded_paths)
+        missing = [k for k in result.missing_keys if not k.startswith(inner)]
+        if strict and (missing or result.unexpected_keys):
+            raise KeyError(f"state_dict: missing keys {missing}, unexpected keys {result.unexpected_keys}")
+        return result._replace(missing_keys=missing)
+
+
+def _load_sharded(key: str, target: ShardedTable, source: Any) -> None:
+    if isinstance(source, ShardedTable):
+        pieces = {(s.row_offset, s.col_offset, s.num_rows, s.num_cols): t for s, t in source.local_shards}
+        with torch.no_grad():
+            for shard, tensor in target.local_shards:
+                piece = pieces.get((shard.row_offset, shard.col_offset, shard.num_rows, shard.num_cols))
+                if piece is None:
+                    raise ValueError(
+                        f"{key}: the saved shards do not contain rows {shard.row_offset}+{shard.num_rows}, "
+                        f"cols {shard.col_offset}+{shard.num_cols}; load the full table to re-shard"
+                    )
+                tensor.copy_(piece)
+        return
+    target.load_from_full(torch.as_tensor(source))
