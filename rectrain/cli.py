@@ -4,27 +4,40 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from rectrain.errors import RecTrainError
 
 
+def _launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     from rectrain.demo import DemoConfig, run_demo
+    from rectrain.distributed import init_from_env
 
     cfg = DemoConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
-    print(
-        f"rectrain demo: {cfg.num_tables} tables x {cfg.num_embeddings:,} rows x {cfg.embedding_dim} dims "
-        f"(FBGEMM table-batched lookups, row-wise Adagrad fused into backward), "
-        f"{cfg.steps} steps of batch {cfg.batch_size} on synthetic click data"
-    )
-    s = run_demo(cfg)
-    print(
-        f"trained {s.steps} steps / {s.examples:,} examples in {s.seconds:.1f} s "
-        f"({s.examples / s.seconds:,.0f} examples/s)"
-    )
-    print(f"log loss: first {s.steps // 10 or 1} steps {s.first_loss:.4f} -> last {s.last_loss:.4f}")
-    print(f"held-out accuracy: {s.accuracy:.3f} (0.5 is chance)")
+    env = init_from_env() if _launched_by_torchrun() else None
+    reporting = env is None or env.rank == 0
+    where = "" if env is None else f", sharded over {env.world_size} ranks ({cfg.batch_size} per rank)"
+    if reporting:
+        print(
+            f"rectrain demo: {cfg.num_tables} tables x {cfg.num_embeddings:,} rows "
+            f"x {cfg.embedding_dim} dims (FBGEMM lookups, row-wise Adagrad fused into backward), "
+            f"{cfg.steps} steps of batch {cfg.batch_size} on synthetic click data{where}"
+        )
+    s = run_demo(cfg, env)
+    if reporting:
+        if s.plan_report:
+            print(s.plan_report)
+        print(
+            f"trained {s.steps} steps / {s.examples:,} examples in {s.seconds:.1f} s "
+            f"({s.examples / s.seconds:,.0f} examples/s)"
+        )
+        print(f"log loss: first {s.steps // 10 or 1} steps {s.first_loss:.4f} -> last {s.last_loss:.4f}")
+        print(f"held-out accuracy: {s.accuracy:.3f} (0.5 is chance)")
     return 0
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rectrain.distributed import DistributedModelParallel, ShardingEnv
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.optim import CombinedOptimizer
@@ -42,6 +43,7 @@ class DemoSummary:
     last_loss: float
     accuracy: float
     losses: list[float] = field(default_factory=list)
+    plan_report: str = ""
 
 
 class DemoModel(nn.Module):
@@ -61,13 +63,18 @@ class DemoModel(nn.Module):
 
 
 class SyntheticClicks:
-    """Batches whose label is Bernoulli(sigmoid(sum of hidden id scores + a dense term))."""
+    """Batches whose label is Bernoulli(sigmoid(sum of hidden id scores + a dense term)).
 
-    def __init__(self, cfg: DemoConfig, keys: list[str]) -> None:
+    The hidden scores depend only on the seed; the examples also on ``rank``, so every rank of a distributed
+    run sees its own examples of the same task.
+    """
+
+    def __init__(self, cfg: DemoConfig, keys: list[str], rank: int = 0) -> None:
         self.cfg, self.keys = cfg, keys
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.id_score = torch.randn(len(keys), cfg.num_embeddings, generator=self.gen)
-        self.dense_w = torch.randn(cfg.dense_features, generator=self.gen) * 0.5
+        truth = torch.Generator().manual_seed(cfg.seed)
+        self.id_score = torch.randn(len(keys), cfg.num_embeddings, generator=truth)
+        self.dense_w = torch.randn(cfg.dense_features, generator=truth) * 0.5
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank + 1)
 
     def batch(self) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
         cfg, g = self.cfg, self.gen
@@ -84,16 +91,25 @@ class SyntheticClicks:
         return dense, kjt, labels
 
 
-def run_demo(cfg: DemoConfig) -> DemoSummary:
+def run_demo(cfg: DemoConfig, env: ShardingEnv | None = None) -> DemoSummary:
+    """Train the demo model; with ``env`` its tables are sharded over the ranks by the planner (DMP)."""
     torch.manual_seed(cfg.seed)
     tables = [
         EmbeddingBagConfig(name=f"t{i}", num_embeddings=cfg.num_embeddings, embedding_dim=cfg.embedding_dim)
         for i in range(cfg.num_tables)
     ]
-    model = DemoModel(tables, cfg.dense_features, cfg.lr)
-    dense_opt = torch.optim.Adagrad(model.mlp.parameters(), lr=cfg.lr)
-    optimizer = CombinedOptimizer([("dense", dense_opt), ("sparse", model.ebc.fused_optimizer)])
-    data = SyntheticClicks(cfg, keys=[t.feature_names[0] for t in tables])
+    model: nn.Module = DemoModel(tables, cfg.dense_features, cfg.lr)
+    if env is None:
+        sparse_opt = model.ebc.fused_optimizer
+    else:
+        model = DistributedModelParallel(model, env=env, batch_size=cfg.batch_size)
+        sparse_opt = model.fused_optimizer
+    dense_params = [p for _, p in model.named_parameters() if p.requires_grad]
+    optimizer = CombinedOptimizer(
+        [("dense", torch.optim.Adagrad(dense_params, lr=cfg.lr)), ("sparse", sparse_opt)]
+    )
+    world_size, rank = (1, 0) if env is None else (env.world_size, env.rank)
+    data = SyntheticClicks(cfg, keys=[t.feature_names[0] for t in tables], rank=rank)
     loss_fn = nn.BCEWithLogitsLoss()
     losses: list[float] = []
     start = time.perf_counter()
@@ -112,10 +128,11 @@ def run_demo(cfg: DemoConfig) -> DemoSummary:
     return DemoSummary(
         tables=[t.name for t in tables],
         steps=cfg.steps,
-        examples=cfg.steps * cfg.batch_size,
+        examples=cfg.steps * cfg.batch_size * world_size,
         seconds=seconds,
         first_loss=sum(losses[:window]) / window,
         last_loss=sum(losses[-window:]) / window,
         accuracy=accuracy,
         losses=losses,
+        plan_report="" if env is None else model.plan.report(),
     )

@@ -148,7 +148,6 @@ class DistributedModelParallel(nn.Module):
             module,
             device_ids=device_ids,
             process_group=self.env.pg,
-            broadcast_buffers=False,
             gradient_as_bucket_view=True,
         )
 
