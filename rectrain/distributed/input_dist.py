@@ -98,7 +98,16 @@ class FeatureSelector:
 
 
 def check_ids(routing: Routing, local: LocalFeatures, rows_per_feature: Tensor) -> None:
-    """Raise ValueError naming the feature when an id lies outside its table (one reduction, one sync)."""
+    """Raise ValueError naming the feature when an id lies outside its table.
+
+    Checked here, on the sender, because a row-wise bucketiser maps some out-of-range ids to valid rows of the
+    wrong shard. Usually one pass: ids within the smallest table's range need no per-feature check.
+    """
+    if local.values.numel() == 0:
+        return
+    low, high = torch.aminmax(local.values)
+    if int(low) >= 0 and int(high) < int(rows_per_feature.min()):
+        return
     counts = local.lengths.sum(dim=1)
     limits = torch.repeat_interleave(
         rows_per_feature.to(counts.device), counts, output_size=local.values.numel()
@@ -116,6 +125,8 @@ def check_ids(routing: Routing, local: LocalFeatures, rows_per_feature: Tensor) 
 
 def _segments(routing: Routing, local: LocalFeatures) -> tuple[Tensor, Tensor, Tensor | None]:
     """The sender's segments ``[num segments, batch]``: features, then every bucket group's buckets."""
+    if not routing.bucket_groups:
+        return local.lengths, local.values, local.weights
     lengths, values, weights = [local.lengths.reshape(-1)], [local.values], [local.weights]
     for group in routing.bucket_groups:
         members = torch.tensor(group.features, dtype=torch.int32, device=local.lengths.device)
@@ -138,12 +149,14 @@ def send_features(
     routing: Routing, local: LocalFeatures, group: dist.ProcessGroup | None
 ) -> Pending[tuple[Tensor, Tensor, Tensor | None, list[int]]]:
     """Start sending ``local`` to the shards; the result is what this rank receives (source-major)."""
-    seg_lengths, seg_values, seg_weights = _segments(routing, local)
+    lengths, values, weights = _segments(routing, local)
     order = [stream.segment for streams in routing.streams for stream in streams]
-    device = seg_lengths.device
-    lengths, values, weights = fbgemm.permute_2D_sparse_data(
-        torch.tensor(order, dtype=torch.int32, device=device), seg_lengths, seg_values, seg_weights
-    )[:3]
+    if order != list(range(lengths.shape[0])):
+        lengths, values, weights = fbgemm.permute_2D_sparse_data(
+            torch.tensor(order, dtype=torch.int32, device=lengths.device), lengths, values, weights
+        )[:3]
+    if routing.world_size == 1:
+        return Pending.ready((lengths.reshape(-1), values, weights, [local.batch_size]))
     per_stream = lengths.sum(dim=1)
     streams_per_rank = [len(streams) for streams in routing.streams]
     value_splits = [

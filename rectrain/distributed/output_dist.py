@@ -32,15 +32,25 @@ class PooledAssembler:
         ]
         self.columns = torch.tensor(columns, dtype=torch.int64, device=device)
         self.dims_per_rank = routing.dims_per_rank()
+        # Without row shards every output column comes from exactly one place: a gather (or nothing) suffices.
+        self._gather: Tensor | None = None
+        self._adds = len(set(columns)) != len(columns) or len(columns) != routing.output_dim
+        if not self._adds and columns != list(range(len(columns))):
+            self._gather = torch.argsort(self.columns)
 
     def send(
         self, pooled: Tensor, batch_size_per_rank: list[int], group: dist.ProcessGroup | None
     ) -> Pending[Tensor]:
         """Start returning this rank's pooled output to the example owners."""
+        if self.routing.world_size == 1:
+            return Pending.ready(pooled)
         return comm.alltoall_pooled(pooled, batch_size_per_rank, self.dims_per_rank, group, async_op=True)
 
     def assemble(self, received: Tensor, lengths: Tensor) -> Tensor:
         """``received`` is ``[batch, sum of dims_per_rank]``; ``lengths`` the local ``[features, batch]``."""
-        batch = received.shape[0]
-        out = received.new_zeros(batch, self.routing.output_dim).index_add(1, self.columns, received)
+        if self._adds:
+            out = received.new_zeros(received.shape[0], self.routing.output_dim)
+            out = out.index_add(1, self.columns, received)
+        else:
+            out = received if self._gather is None else received.index_select(1, self._gather)
         return divide_by_bag_lengths(out, lengths, self.routing.mean_features)

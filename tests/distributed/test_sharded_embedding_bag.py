@@ -124,7 +124,7 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str, weighted: boo
 MIXED = {"t_tw": "tw", "t_rw": "rw", "t_cw": "cw", "t_dp": "dp", "t_twrw": "twrw"}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_mixed_sharding_types_match_unsharded_training(world_size):
     assert run_multiprocess(_train_and_compare, world_size, MIXED, "sgd", False) == list(range(world_size))
 
