@@ -19,7 +19,7 @@ from torch import Tensor
 from rectrain.distributed import comm
 from rectrain.distributed.pending import Pending
 from rectrain.distributed.routing import Routing
-from rectrain.embedding.feature_routing import KJTLike
+from rectrain.embedding.feature_routing import KJTLike, feature_positions
 
 fbgemm = torch.ops.fbgemm
 
@@ -61,14 +61,7 @@ class FeatureSelector:
     def _order(self, keys: list[str]) -> Tensor | None:
         cache_key = tuple(keys)
         if cache_key not in self._orders:
-            position = {name: i for i, name in enumerate(keys)}
-            missing = [name for name in self.features if name not in position]
-            if missing:
-                raise ValueError(
-                    f"KeyedJaggedTensor has no feature {missing[0]!r} (missing: {missing}); the sharded "
-                    f"collection reads {list(self.features)} and the input has keys {keys}"
-                )
-            order = [position[name] for name in self.features]
+            order = feature_positions(keys, self.features)
             self._orders[cache_key] = (
                 None if order == list(range(len(keys))) else torch.tensor(order, dtype=torch.int32)
             )

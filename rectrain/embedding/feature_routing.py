@@ -38,6 +38,18 @@ class TBEInput(NamedTuple):
     values_per_feature: list[int]
 
 
+def feature_positions(keys: Sequence[str], features: Sequence[str]) -> list[int]:
+    """Position in ``keys`` of each of ``features``; ValueError naming the missing ones and the keys."""
+    position = {name: index for index, name in enumerate(keys)}
+    missing = [name for name in features if name not in position]
+    if missing:
+        raise ValueError(
+            f"KeyedJaggedTensor has no feature {missing[0]!r} (missing: {missing}); the collection "
+            f"reads {sorted(set(features))} and the input has keys {list(keys)}"
+        )
+    return [position[name] for name in features]
+
+
 class FeatureRouter:
     """Splits a KJT into per-group TBE inputs.
 
@@ -60,14 +72,7 @@ class FeatureRouter:
         """Positions in ``keys`` of the distinct features (list, tensor); None when ``keys`` is that order."""
         key = tuple(keys)
         if key not in self._permutations:
-            position = {name: index for index, name in enumerate(keys)}
-            missing = [name for name in self.features if name not in position]
-            if missing:
-                raise ValueError(
-                    f"KeyedJaggedTensor has no feature {missing[0]!r} (missing: {missing}); the collection "
-                    f"reads {sorted(self.features)} and the input has keys {keys}"
-                )
-            order = [position[name] for name in self.features]
+            order = feature_positions(keys, self.features)
             same = order == list(range(len(keys)))
             self._permutations[key] = (
                 None if same else (order, torch.tensor(order, dtype=torch.int32, device=device))
