@@ -12,6 +12,7 @@ from rectrain.distributed.comm import (
 from rectrain.distributed.env import ShardingEnv, default_backend, init_from_env, intra_and_cross_node_pg
 from rectrain.distributed.model_parallel import DistributedModelParallel
 from rectrain.distributed.pending import Pending
+from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.sharding_plan import (
@@ -28,6 +29,7 @@ __all__ = [
     "DistributedModelParallel",
     "Pending",
     "ShardedEmbeddingBagCollection",
+    "ShardedEmbeddingCollection",
     "ShardedTable",
     "ShardingType",
     "column_wise",

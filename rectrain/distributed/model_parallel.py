@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
@@ -75,8 +76,6 @@ def _shard(
         raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
     if isinstance(collection, EmbeddingBagCollection):
         return ShardedEmbeddingBagCollection(collection, module_plan, env, device)
-    from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
-
     return ShardedEmbeddingCollection(collection, module_plan, env, device)
 
 

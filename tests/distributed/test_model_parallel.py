@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from rectrain.distributed import DistributedModelParallel, ShardedTable, ShardingType, row_wise
-from rectrain.embedding import EmbeddingBagCollection
-from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
+from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.sparse import KeyedJaggedTensor
 from tests.distributed.multiprocess import run_multiprocess
 
@@ -142,3 +142,42 @@ def test_given_row_wise_plan_over_three_ranks():
     results = run_multiprocess(_train, 3, True)
     assert all(r["restored"] for r in results)
     assert set(results[0]["kinds"].values()) == {ShardingType.ROW_WISE.value}
+
+
+class SequenceModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        tables = [
+            EmbeddingConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=8, feature_names=[f"f{i}"])
+            for i, rows in enumerate(ROWS)
+        ]
+        self.ec = EmbeddingCollection(tables, fused_optimizer=FusedOptimizerConfig("sgd", lr=0.1))
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return torch.cat([jt.values() for jt in self.ec(kjt).values()])
+
+
+def _sequence(env) -> bool:
+    torch.manual_seed(0)
+    model = SequenceModel()
+    reference = copy.deepcopy(model)
+    dmp = DistributedModelParallel(model, env=env, device="cpu", batch_size=8)
+    batch_sizes = [3, 6]
+    for step in range(3):
+        kjt, _ = _batch(step, batch_sizes, env.rank)
+        global_kjt, _ = _batch(step, batch_sizes, None)
+        expected = reference.ec(global_kjt)
+        got = dmp.module.ec(kjt)
+        mine = slice(sum(batch_sizes[: env.rank]), sum(batch_sizes[: env.rank + 1]))
+        for key, jt in got.items():
+            offsets = expected[key].offsets()
+            rows = expected[key].values()[int(offsets[mine.start]) : int(offsets[mine.stop])]
+            torch.testing.assert_close(jt.values(), rows.detach(), **TOL)
+        sum(v.values().sum() for v in expected.values()).backward()
+        sum(v.values().sum() for v in got.values()).backward()
+    return sorted(k for k, v in dmp.state_dict().items() if isinstance(v, ShardedTable))
+
+
+def test_dmp_shards_an_embedding_collection():
+    keys = ["ec.embeddings.t0.weight", "ec.embeddings.t1.weight", "ec.embeddings.t2.weight"]
+    assert run_multiprocess(_sequence, 2) == [keys, keys]

@@ -1,0 +1,126 @@
+"""Data-parallel sequence tables: a full copy on every rank, kept identical by giving each the same update.
+
+The same global-batch trick as ``data_parallel.py``: every rank looks up the all-gathered global batch and, in
+backward, receives every rank's row gradients (all-gathered), so every replica's fused kernel applies the same
+sparse update. The kernel's rows are feature-major (feature, source rank, example); a rank's own rows are one
+block per feature, so the rows travel flattened and blocks are transposed between the two orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from torch import Tensor, nn
+from torch.autograd import Function
+
+from rectrain.distributed import comm
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
+from rectrain.distributed.sequence_dist import ids_per_source, transpose_blocks
+from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
+from rectrain.embedding.feature_routing import KJTLike
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import group_tables
+from rectrain.sparse import JaggedTensor
+
+
+class _OwnBlocksWithGlobalGrad(Function):
+    """Forward: this rank's blocks of the flat global rows. Backward: every rank's gradients, all-gathered.
+
+    ``sizes[k][q]``: elements of feature k from rank q, in the flat (feature, rank) order.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, flat: Tensor, sizes: list[list[int]], group: dist.ProcessGroup | None) -> Tensor:
+        ctx.sizes, ctx.group = sizes, group
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        per_rank = [sum(row[q] for row in sizes) for q in range(world)]
+        start = sum(per_rank[:rank])
+        return transpose_blocks(flat, sizes).narrow(0, start, per_rank[rank]).clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        world = dist.get_world_size(ctx.group)
+        per_rank = [sum(row[q] for row in ctx.sizes) for q in range(world)]
+        gathered = comm.all_gather_v(grad.contiguous(), per_rank, ctx.group)
+        by_rank = [[row[q] for row in ctx.sizes] for q in range(world)]
+        return transpose_blocks(gathered, by_rank), None, None
+
+
+class SequenceDataParallel(nn.Module):
+    """The data-parallel tables of a sharded EmbeddingCollection (replicated, fused optimizer).
+
+    ``embedding_names`` maps each table to its output keys as the whole collection names them.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingConfig],
+        embedding_names: Mapping[str, list[str]],
+        optimizer: FusedOptimizerConfig,
+        env: ShardingEnv,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.env = env
+        groups = group_tables(list(tables), key=lambda t: (t.embedding_dim, t.data_type))
+        self.tables = FusedTables(
+            list(tables), groups, [PoolingMode.NONE] * len(groups), optimizer, device, prefix="embeddings"
+        )
+        ordered = [t for batch in self.tables.batches for t in batch.tables]
+        self.embedding_names = [n for t in ordered for n in embedding_names[t.name]]
+        self._dims = [t.embedding_dim for t in ordered for _ in t.feature_names]
+        self._selector = FeatureSelector(
+            tuple(f for batch in self.tables.batches for f in batch.feature_names)
+        )
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        return self.tables.fused_optimizer
+
+    def weight(self, table: str) -> Tensor:
+        return self.tables[table].weight
+
+    def _global_rows(self, lengths: Tensor, values: Tensor, batches: list[int]) -> Tensor:
+        """Flat rows of the global batch, feature-major then source rank (all kernels' features in order)."""
+        global_input = to_shard_input(len(self._dims), lengths, values, None, batches)
+        total = sum(batches)
+        bounds = global_input.offsets[::total].tolist() if total else [0] * (len(self._dims) + 1)
+        flats, first = [], 0
+        for batch in self.tables.batches:
+            last = first + len(batch.feature_names)
+            lo, hi = bounds[first], bounds[last]
+            if hi > lo:
+                offsets = global_input.offsets[first * total : last * total + 1]
+                flats.append(batch(global_input.indices[lo:hi], offsets - lo if lo else offsets).reshape(-1))
+            first = last
+        if not flats:
+            return torch.zeros(0, device=values.device, requires_grad=True)
+        return torch.cat(flats)
+
+    def forward(self, features: KJTLike, need_indices: bool) -> dict[str, JaggedTensor]:
+        """This rank's ``{key: JaggedTensor}`` for the data-parallel tables (keys in kernel order)."""
+        local = self._selector(features, False)
+        group, world, num = self.env.pg, self.env.world_size, len(self._dims)
+        counts = torch.tensor([local.batch_size, local.values.numel()], device=local.values.device)
+        batches, totals = comm.all_gather_v(counts, [2] * world, group).view(world, 2).t().tolist()
+        lengths = comm.all_gather_v(local.lengths.reshape(-1), [b * num for b in batches], group)
+        values = comm.all_gather_v(local.values, totals, group)
+        ids = ids_per_source(lengths, num, batches)
+        sizes = [[ids[q][k] * d for q in range(world)] for k, d in enumerate(self._dims)]
+        own = _OwnBlocksWithGlobalGrad.apply(self._global_rows(lengths, values, batches), sizes, group)
+        mine = ids[self.env.rank]
+        pieces = own.split([n * d for n, d in zip(mine, self._dims)])
+        local_ids = local.values.split(mine)
+        return {
+            name: JaggedTensor(
+                values=piece.view(n, d),
+                weights=local_ids[k] if need_indices else None,
+                lengths=local.lengths[k],
+            )
+            for k, (name, piece, n, d) in enumerate(zip(self.embedding_names, pieces, mine, self._dims))
+        }

@@ -1,0 +1,205 @@
+"""``ShardedEmbeddingCollection``: an EmbeddingCollection whose tables are split across ranks by a plan.
+
+Each rank holds its shards of the routed tables (table-, row-, column-, table-row-wise) in FBGEMM sequence
+kernels (one per dim) with the fused optimizer, and a full copy of every data-parallel table. ``forward``
+takes the rank's local batch and returns the same ``{key: JaggedTensor}`` the unsharded collection would:
+
+  select features -> input all-to-all (ids to shards) -> shard lookup (one row per id)
+  -> output all-to-all (rows back to the senders) -> assemble (place column shards, unbucketize row shards)
+  ... plus the data-parallel lookup
+
+Backward runs the same path in reverse through the differentiable collectives, and each shard's kernel updates
+its rows as the gradient reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from torch import Tensor, nn
+
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.input_dist import FeatureSelector, ShardInput, check_ids, to_shard_input
+from rectrain.distributed.sequence_data_parallel import SequenceDataParallel
+from rectrain.distributed.sequence_dist import (
+    SequenceAssembler,
+    build_sequence_routing,
+    ids_per_source,
+    return_rows,
+    send_ids,
+)
+from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
+from rectrain.embedding import EmbeddingCollection
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
+from rectrain.errors import ConfigError
+from rectrain.optim import CombinedOptimizer
+from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
+
+
+def sequence_lookup(tables: FusedTables | None, shard_input: ShardInput) -> list[Tensor]:
+    """Per kernel (dim group), ``[ids, dim]`` rows of its contiguous run of streams over the global batch."""
+    if tables is None:
+        return []
+    total = sum(shard_input.batch_size_per_rank)
+    bounds = shard_input.offsets[::total].tolist() if total else None
+    rows, first = [], 0
+    for batch in tables.batches:
+        last = first + len(batch.feature_names)
+        if bounds is None:
+            dim = batch.tables[0].embedding_dim
+            rows.append(torch.zeros(0, dim, device=shard_input.indices.device, requires_grad=True))
+        else:
+            lo, hi = bounds[first], bounds[last]
+            offsets = shard_input.offsets[first * total : last * total + 1]
+            rows.append(batch(shard_input.indices[lo:hi], offsets - lo if lo else offsets))
+        first = last
+    return rows
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """The sharded form of ``ec`` on this rank; weights are copied from ``ec``'s tables.
+
+    Args:
+        ec: the unsharded collection (its tables, weights, ``need_indices`` and fused optimizer are taken).
+        shardings: table name -> how it is sharded (every table of ``ec`` must be present).
+        env: this rank's place in the process group.
+        device: where this rank's shards live and run.
+    """
+
+    def __init__(
+        self,
+        ec: EmbeddingCollection,
+        shardings: Mapping[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        tables = ec.embedding_configs()
+        missing = [t.name for t in tables if t.name not in shardings]
+        if missing:
+            raise ConfigError(f"the sharding plan has no entry for tables {missing}")
+        self.env, self._device, self._need_indices = env, device, ec.need_indices()
+        self._tables = list(tables)
+        self._shardings = {t.name: shardings[t.name] for t in tables}
+        optimizer = ec.fused_optimizer_config
+        dp_names = {n for n, s in self._shardings.items() if s.sharding_type is ShardingType.DATA_PARALLEL}
+        routed = {n: s for n, s in self._shardings.items() if n not in dp_names}
+        self.routing = build_sequence_routing(tables, routed, env.world_size)
+        local_tables = list(self.routing.shard_tables[env.rank])
+        groups = group_tables(local_tables, key=lambda t: (t.embedding_dim, t.data_type))
+        self.embeddings = (
+            FusedTables(
+                local_tables, groups, [PoolingMode.NONE] * len(groups), optimizer, device, prefix="embeddings"
+            )
+            if local_tables
+            else None
+        )
+        names_by_table = dict(zip((t.name for t in tables), get_embedding_names_by_table(tables)))
+        dp_tables = [t for t in tables if t.name in dp_names]
+        self.data_parallel = (
+            SequenceDataParallel(dp_tables, names_by_table, optimizer, env, device) if dp_tables else None
+        )
+        self._copy_weights_from(ec)
+
+        self._selector = FeatureSelector(self.routing.features)
+        rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
+        self._rows_per_feature = torch.tensor([rows[f] for f in self.routing.features], dtype=torch.int64)
+        self._assembler = SequenceAssembler(self.routing)
+        feature_of = {n: f for t in tables for f, n in zip(t.feature_names, names_by_table[t.name])}
+        self._key_features = [
+            self.routing.features.index(feature_of[n]) for n in self.routing.embedding_names
+        ]
+        self._stream_dims = [s.num_cols for s in self.routing.streams[env.rank]]
+        self._embedding_names = [n for t in tables for n in names_by_table[t.name]]
+
+    @torch.no_grad()
+    def _copy_weights_from(self, ec: EmbeddingCollection) -> None:
+        for table in self._tables:
+            full = ec.embeddings[table.name].weight
+            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
+                rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
+                cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
+                self._local_weight(table.name, shard_name).copy_(full[rows, cols])
+
+    def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
+        """This rank's weight of one shard (``shard_name``) or of a data-parallel table (None)."""
+        if shard_name is None:
+            return self.data_parallel.weight(table)
+        return self.embeddings[shard_name].weight
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        members = []
+        if self.embeddings is not None:
+            members.append(("sharded", self.embeddings.fused_optimizer))
+        if self.data_parallel is not None:
+            members.append(("data_parallel", self.data_parallel.fused_optimizer))
+        return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+
+    def embedding_configs(self) -> list:
+        return self._tables
+
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def _routed_forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        """Input all-to-all, shard lookup, output all-to-all, assembly: the routed tables' outputs."""
+        local = self._selector(features, False)
+        check_ids(self.routing, local, self._rows_per_feature)
+        sent, pending = send_ids(self.routing, local, self.env.pg)
+        lengths, values, batches = pending.wait()
+        num_streams = len(self._stream_dims)
+        # Feed the kernel positions first: its ids are then ``values[positions]``.
+        positions = torch.arange(values.numel(), device=values.device)
+        order = to_shard_input(num_streams, lengths, positions, None, batches)
+        shard_input = ShardInput(values[order.indices], order.offsets, None, batches)
+        rows = sequence_lookup(self.embeddings, shard_input)
+        counts = ids_per_source(lengths, num_streams, batches)
+        dims_back = self._assembler.dims_from(sent.ids_per_stream)
+        flat = return_rows(rows, self._stream_dims, counts, dims_back, self.env.pg, self._device)
+        ids_per_feature = local.lengths.sum(dim=1).tolist()
+        outputs = self._assembler.assemble(flat, sent, ids_per_feature)
+        ids = local.values.split(ids_per_feature)
+        return {
+            name: JaggedTensor(
+                values=out,
+                weights=ids[f] if self._need_indices else None,
+                lengths=local.lengths[f],
+            )
+            for name, out, f in zip(self.routing.embedding_names, outputs, self._key_features)
+        }
+
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        """``{key: JaggedTensor}`` of this rank's batch (values ``[ids, dim]``), as unsharded ``ec`` gives."""
+        out: dict[str, JaggedTensor] = {}
+        if self.routing.features:
+            out.update(self._routed_forward(features))
+        if self.data_parallel is not None:
+            out.update(self.data_parallel(features, self._need_indices))
+        return {name: out[name] for name in self._embedding_names}
+
+    def sharded_state(self) -> dict[str, ShardedTable]:
+        """``embeddings.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
+        state = {}
+        for table in self._tables:
+            shards = []
+            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
+                shards.append((shard, self._local_weight(table.name, shard_name)))
+            state[f"embeddings.{table.name}.weight"] = ShardedTable(
+                global_shape=(table.num_embeddings, table.embedding_dim),
+                sharding=self._shardings[table.name],
+                local_shards=shards,
+            )
+        return state
+
+    def extra_repr(self) -> str:
+        kinds: dict[str, list[str]] = {}
+        for name, sharding in self._shardings.items():
+            kinds.setdefault(sharding.sharding_type.value, []).append(name)
+        return f"rank={self.env.rank}/{self.env.world_size}, " + ", ".join(
+            f"{k}: {v}" for k, v in kinds.items()
+        )
