@@ -1,0 +1,144 @@
+"""Criteo display-advertising TSV (the Kaggle / Terabyte layout) as an iterable of ready ``Batch``es.
+
+A row is 40 tab-separated columns: label (``0``/``1``), 13 integer features ``int_0..int_12`` (may be empty
+or negative) and 26 categorical features ``cat_0..cat_25`` as hex strings (may be empty).
+
+  dense        log(1 + max(x, 0)); empty -> 0
+  categorical  id = 1 + int(hex, 16) % (rows - 1); empty -> 0, so row 0 of every table is "missing"
+
+Rows are validated column by column (see ``rows`` for the malformed-row policy). Files may be plain or gzip.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import string
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import IterableDataset
+
+from rectrain.datasets.batching import make_batch, one_id_per_example
+from rectrain.datasets.rows import RowError, RowStats, batched, iter_rows
+from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.errors import ConfigError
+from rectrain.models.batch import Batch
+
+logger = logging.getLogger(__name__)
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+NUM_COLUMNS = 1 + NUM_DENSE + NUM_SPARSE
+DEFAULT_INT_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
+DEFAULT_CAT_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
+MISSING_ID = 0
+_HEX = frozenset(string.hexdigits)
+
+
+@dataclass
+class CriteoConfig:
+    """Where the TSV files are and how to turn them into batches.
+
+    ``num_embeddings``: rows of each categorical table (one int for all 26, or 26 ints), >= 2 since row 0 is
+    reserved for missing values. ``strict``: raise on the first malformed row instead of skipping it.
+    """
+
+    paths: list[str]
+    batch_size: int = 1024
+    num_embeddings: int | list[int] = 100_000
+    drop_last: bool = False
+    strict: bool = False
+    cat_feature_names: list[str] = field(default_factory=lambda: list(DEFAULT_CAT_NAMES))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str):
+            raise ConfigError("CriteoConfig.paths must be a list of file paths, got a single string")
+        if not self.paths:
+            raise ConfigError("CriteoConfig.paths is empty; give at least one .tsv or .tsv.gz file")
+        if self.batch_size < 1:
+            raise ConfigError(f"CriteoConfig.batch_size must be >= 1, got {self.batch_size}")
+        if len(self.cat_feature_names) != NUM_SPARSE:
+            raise ConfigError(f"CriteoConfig.cat_feature_names needs {NUM_SPARSE} names")
+        rows = self.table_rows()
+        if any(r < 2 for r in rows):
+            raise ConfigError(f"CriteoConfig.num_embeddings must be >= 2 (row 0 means missing), got {rows}")
+
+    def table_rows(self) -> list[int]:
+        """Rows of each categorical table, in feature order."""
+        if isinstance(self.num_embeddings, int):
+            return [self.num_embeddings] * NUM_SPARSE
+        if len(self.num_embeddings) != NUM_SPARSE:
+            raise ConfigError(
+                f"CriteoConfig.num_embeddings has {len(self.num_embeddings)} entries; give one int or "
+                f"{NUM_SPARSE} ints"
+            )
+        return list(self.num_embeddings)
+
+
+def hash_categorical(value: str, rows: int) -> int:
+    """The documented id of a categorical hex string in a table of ``rows`` rows (``""`` -> 0)."""
+    if value == "":
+        return MISSING_ID
+    return 1 + int(value, 16) % (rows - 1)
+
+
+def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float], list[int]]:
+    """``(label, 13 dense values after log1p, 26 ids)`` of one line; ``RowError`` (1-based column) if bad."""
+    cols = line.split("\t")
+    if len(cols) != NUM_COLUMNS:
+        raise RowError("*", f"expected {NUM_COLUMNS} tab-separated columns, got {len(cols)}")
+    if cols[0] not in ("0", "1"):
+        raise RowError(1, f"label must be 0 or 1, got {cols[0]!r}")
+    dense = []
+    for i, text in enumerate(cols[1 : 1 + NUM_DENSE]):
+        try:
+            x = int(text) if text else 0
+        except ValueError:
+            raise RowError(
+                2 + i, f"integer feature {DEFAULT_INT_NAMES[i]} is not an integer: {text!r}"
+            ) from None
+        dense.append(math.log1p(max(x, 0)))
+    ids = []
+    for i, text in enumerate(cols[1 + NUM_DENSE :]):
+        if not _HEX.issuperset(text):
+            raise RowError(2 + NUM_DENSE + i, f"categorical feature cat_{i} is not hex: {text!r}")
+        ids.append(hash_categorical(text, rows[i]))
+    return int(cols[0]), dense, ids
+
+
+class CriteoDataset(IterableDataset):
+    """Batches of this rank's and DataLoader worker's share of the files (every k-th line of each file).
+
+    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``. ``stats`` counts rows read and skipped in
+    this process. Ranks may end up with one batch more or fewer than each other (line counts differ by at
+    most one per file); set ``drop_last`` and equal-sized files when every rank must see the same count.
+    """
+
+    def __init__(self, config: CriteoConfig, rank: int = 0, world_size: int = 1) -> None:
+        check_rank(rank, world_size)
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.stats = RowStats()
+        self._rows = config.table_rows()
+
+    def _parse(self, line: str) -> tuple[int, list[float], list[int]]:
+        return parse_criteo_line(line, self._rows)
+
+    def _rows_of_shard(self) -> Iterator[tuple[int, list[float], list[int]]]:
+        shard = current_shard(self.rank, self.world_size)
+        for path in self.config.paths:
+            yield from iter_rows(path, self._parse, shard, self.stats, strict=self.config.strict)
+
+    def __iter__(self) -> Iterator[Batch]:
+        keys = self.config.cat_feature_names
+        for chunk in batched(self._rows_of_shard(), self.config.batch_size, self.config.drop_last):
+            labels, dense, ids = zip(*chunk)
+            values, lengths = one_id_per_example(keys, torch.tensor(ids, dtype=torch.int64))
+            yield make_batch(
+                dense=torch.tensor(dense, dtype=torch.float32),
+                keys=keys,
+                values=values,
+                lengths=lengths,
+                labels=torch.tensor(labels, dtype=torch.float32),
+            )

@@ -1,0 +1,130 @@
+"""MovieLens ratings as an iterable of ready ``Batch``es: features ``user_id`` and ``movie_id``.
+
+Two layouts, chosen by file name: ml-1m's ``ratings.dat`` (``UserID::MovieID::Rating::Timestamp``, no header)
+and the ``ratings.csv`` of ml-20m / ml-25m / ml-latest (header ``userId,movieId,rating,timestamp``).
+
+  ids     raw id % num_embeddings (MovieLens ids are small positive ints; size the tables above the
+          largest id, e.g. 6_041 users / 3_953 movies for ml-1m, and the modulo never folds two ids)
+  label   the rating (``task="regression"``) or 1.0 when rating >= ``threshold`` else 0.0 (``"binary"``)
+  dense   none: ``dense_features`` is ``[B, 0]``
+
+Bad rows (field count, non-integer ids or timestamp, non-numeric rating) follow the policy of ``rows``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset
+
+from rectrain.datasets.batching import make_batch, one_id_per_example
+from rectrain.datasets.rows import RowError, RowStats, batched, iter_rows
+from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.errors import ConfigError
+from rectrain.models.batch import Batch
+
+FEATURE_NAMES = ["user_id", "movie_id"]
+CSV_HEADER = "userId,movieId,rating,timestamp"
+_FIELDS = ("user_id", "movie_id", "rating", "timestamp")
+
+
+@dataclass
+class MovieLensConfig:
+    """Which ratings files to read and how to label them; ``strict`` raises on the first bad row."""
+
+    paths: list[str]
+    batch_size: int = 1024
+    num_user_embeddings: int = 200_000
+    num_movie_embeddings: int = 300_000
+    task: str = "binary"
+    threshold: float = 4.0
+    drop_last: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str):
+            raise ConfigError("MovieLensConfig.paths must be a list of file paths, got a single string")
+        if not self.paths:
+            raise ConfigError("MovieLensConfig.paths is empty; give ratings.dat or ratings.csv files")
+        for p in self.paths:
+            if _layout(p) is None:
+                raise ConfigError(f"MovieLensConfig.paths: {p} is neither a .dat nor a .csv file (or .gz)")
+        if self.task not in ("binary", "regression"):
+            raise ConfigError(f"MovieLensConfig.task must be 'binary' or 'regression', got {self.task!r}")
+        if self.batch_size < 1:
+            raise ConfigError(f"MovieLensConfig.batch_size must be >= 1, got {self.batch_size}")
+        if self.num_user_embeddings < 1 or self.num_movie_embeddings < 1:
+            raise ConfigError("MovieLensConfig.num_user_embeddings and num_movie_embeddings must be >= 1")
+
+
+def _layout(path: str) -> str | None:
+    suffixes = Path(path).suffixes
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    last = suffixes[-1] if suffixes else ""
+    return {".dat": "dat", ".csv": "csv"}.get(last)
+
+
+def parse_rating_line(line: str, layout: str) -> tuple[int, int, float] | None:
+    """``(user_id, movie_id, rating)`` of one line, ``None`` for the CSV header; ``RowError`` if bad."""
+    if layout == "csv" and line.strip() == CSV_HEADER:
+        return None
+    fields = line.split("::" if layout == "dat" else ",")
+    if len(fields) != 4:
+        raise RowError("*", f"expected 4 fields (userId, movieId, rating, timestamp), got {len(fields)}")
+    user, movie = (_parse_int(fields[i], i) for i in (0, 1))
+    _parse_int(fields[3], 3)
+    try:
+        rating = float(fields[2])
+    except ValueError:
+        raise RowError(3, f"rating is not a number: {fields[2]!r}") from None
+    if not math.isfinite(rating):
+        raise RowError(3, f"rating is not finite: {fields[2]!r}")
+    return user, movie, rating
+
+
+def _parse_int(text: str, index: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise RowError(index + 1, f"{_FIELDS[index]} is not an integer: {text!r}") from None
+    if value < 0:
+        raise RowError(index + 1, f"{_FIELDS[index]} is negative: {text!r}")
+    return value
+
+
+class MovieLensDataset(IterableDataset):
+    """Batches of this rank's and DataLoader worker's share of the ratings (every k-th line of each file).
+
+    ``stats`` counts rows read and skipped in this process. Ranks may differ by one batch (see Criteo).
+    """
+
+    def __init__(self, config: MovieLensConfig, rank: int = 0, world_size: int = 1) -> None:
+        check_rank(rank, world_size)
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.stats = RowStats()
+
+    def _rows_of_shard(self) -> Iterator[tuple[int, int, float]]:
+        shard = current_shard(self.rank, self.world_size)
+        for path in self.config.paths:
+            layout = _layout(path)
+
+            def parse(line: str, layout: str = layout) -> tuple[int, int, float] | None:
+                return parse_rating_line(line, layout)
+
+            yield from iter_rows(path, parse, shard, self.stats, strict=self.config.strict)
+
+    def __iter__(self) -> Iterator[Batch]:
+        cfg = self.config
+        for chunk in batched(self._rows_of_shard(), cfg.batch_size, cfg.drop_last):
+            users, movies, ratings = (torch.tensor(c) for c in zip(*chunk))
+            ids = torch.stack([users % cfg.num_user_embeddings, movies % cfg.num_movie_embeddings], dim=1)
+            values, lengths = one_id_per_example(FEATURE_NAMES, ids.to(torch.int64))
+            labels = ratings.to(torch.float32)
+            if cfg.task == "binary":
+                labels = (labels >= cfg.threshold).to(torch.float32)
+            yield make_batch(torch.zeros(len(chunk), 0), FEATURE_NAMES, values, lengths, labels)

@@ -1,0 +1,23 @@
+"""Training and evaluation metrics: AUC, NE, log loss, accuracy, calibration, recall@K, across ranks."""
+
+from rectrain.metrics.computer import MetricsComputer
+from rectrain.metrics.functional import (
+    accuracy,
+    auc,
+    calibration,
+    log_loss,
+    normalized_entropy,
+    recall_at_k,
+    retrieval_scores,
+)
+
+__all__ = [
+    "MetricsComputer",
+    "accuracy",
+    "auc",
+    "calibration",
+    "log_loss",
+    "normalized_entropy",
+    "recall_at_k",
+    "retrieval_scores",
+]

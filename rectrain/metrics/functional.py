@@ -1,0 +1,132 @@
+"""Metric formulas on whole tensors: AUC, log loss, normalised entropy, accuracy, calibration, recall@K.
+
+``predictions`` are probabilities in [0, 1] (apply ``sigmoid`` to logits first), ``labels`` are 0/1. Sums are
+taken in float64. Undefined values (AUC or NE without both classes, calibration with no positives) are NaN,
+not a guess, so a dashboard shows a gap rather than a misleading number.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+#: Predictions are clamped to [EPS, 1 - EPS] inside log loss so a confident mistake costs a finite amount.
+EPS = 1e-7
+
+
+def _check_pair(predictions: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    if predictions.shape != labels.shape:
+        raise ValueError(f"predictions {tuple(predictions.shape)} and labels {tuple(labels.shape)} differ")
+    return predictions.reshape(-1).to(torch.float64), labels.reshape(-1).to(torch.float64)
+
+
+def auc(predictions: Tensor, labels: Tensor) -> float:
+    """Exact ROC AUC by sorting: the probability that a random positive outscores a random negative, ties
+    counting one half (the Mann-Whitney U statistic / (P * N)). Scores need not be probabilities."""
+    scores, labels = _check_pair(predictions, labels)
+    positives = float(labels.sum())
+    negatives = labels.numel() - positives
+    if positives == 0 or negatives == 0:
+        return math.nan
+    order = torch.argsort(scores)
+    scores, labels = scores[order], labels[order]
+    _, counts = torch.unique_consecutive(scores, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    pos_per_group = torch.zeros(counts.numel(), dtype=torch.float64).index_add_(0, group, labels)
+    neg_per_group = counts.to(torch.float64) - pos_per_group
+    neg_below = torch.cumsum(neg_per_group, 0) - neg_per_group
+    wins = (pos_per_group * (neg_below + 0.5 * neg_per_group)).sum()
+    return float(wins / (positives * negatives))
+
+
+def log_loss(predictions: Tensor, labels: Tensor) -> float:
+    """Mean binary cross-entropy ``-(y log p + (1 - y) log(1 - p))`` with p clamped to [EPS, 1 - EPS]."""
+    p, y = _check_pair(predictions, labels)
+    if p.numel() == 0:
+        return math.nan
+    return float(log_loss_sum(p, y) / p.numel())
+
+
+def log_loss_sum(predictions: Tensor, labels: Tensor) -> Tensor:
+    """Summed binary cross-entropy (float64 scalar), the additive part of log loss and NE."""
+    p = predictions.to(torch.float64).clamp(EPS, 1 - EPS)
+    y = labels.to(torch.float64)
+    return -(y * torch.log(p) + (1 - y) * torch.log1p(-p)).sum()
+
+
+def binary_entropy(rate: float) -> float:
+    """Entropy (nats) of a Bernoulli(rate); 0 at rate 0 or 1."""
+    if rate <= 0.0 or rate >= 1.0:
+        return 0.0
+    return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+
+
+def normalized_entropy(predictions: Tensor, labels: Tensor) -> float:
+    """NE: log loss divided by the entropy of the base rate (mean label); < 1 beats predicting the rate."""
+    p, y = _check_pair(predictions, labels)
+    if p.numel() == 0:
+        return math.nan
+    return ne_from_sums(float(log_loss_sum(p, y)), float(y.sum()), p.numel())
+
+
+def ne_from_sums(loss_sum: float, label_sum: float, count: int) -> float:
+    """NE from summed log loss, summed labels and example count (what ranks all-reduce)."""
+    entropy = binary_entropy(label_sum / count) if count else 0.0
+    return loss_sum / count / entropy if entropy > 0 else math.nan
+
+
+def accuracy(predictions: Tensor, labels: Tensor, threshold: float = 0.5) -> float:
+    """Fraction of examples with ``(prediction >= threshold) == label``."""
+    p, y = _check_pair(predictions, labels)
+    if p.numel() == 0:
+        return math.nan
+    return float(((p >= threshold).to(torch.float64) == y).to(torch.float64).mean())
+
+
+def calibration(predictions: Tensor, labels: Tensor) -> float:
+    """Sum of predictions over sum of labels: 1.0 when the model predicts the base rate on average."""
+    p, y = _check_pair(predictions, labels)
+    label_sum = float(y.sum())
+    return float(p.sum()) / label_sum if label_sum > 0 else math.nan
+
+
+def retrieval_scores(query_embeddings: Tensor, candidate_embeddings: Tensor) -> Tensor:
+    """Dot-product scores ``[Q, C]`` of each query against each candidate (two-tower retrieval)."""
+    if query_embeddings.dim() != 2 or candidate_embeddings.dim() != 2:
+        raise ValueError("query_embeddings and candidate_embeddings must be 2-D [N, D]")
+    if query_embeddings.shape[1] != candidate_embeddings.shape[1]:
+        raise ValueError(
+            f"embedding dims differ: queries {query_embeddings.shape[1]}, "
+            f"candidates {candidate_embeddings.shape[1]}"
+        )
+    return query_embeddings @ candidate_embeddings.t()
+
+
+def recall_at_k(scores: Tensor, positive_index: Tensor, k: int) -> float:
+    """Fraction of queries whose positive candidate ranks in the top ``k`` of its row of ``scores [Q, C]``.
+
+    Rank counts the candidates scored higher than the positive plus those tied with it (pessimistic), so a
+    model that scores everything equally gets no credit for k < C.
+    """
+    return float(recall_hits(scores, positive_index, k).to(torch.float64).mean())
+
+
+def recall_hits(scores: Tensor, positive_index: Tensor, k: int) -> Tensor:
+    """Per query, whether its positive is in the top ``k`` (bool ``[Q]``); see ``recall_at_k``."""
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be [Q, C], got shape {tuple(scores.shape)}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    positive_index = positive_index.reshape(-1).to(torch.int64)
+    if positive_index.numel() != scores.shape[0]:
+        raise ValueError(f"positive_index has {positive_index.numel()} entries for {scores.shape[0]} queries")
+    if (
+        positive_index.numel()
+        and not 0 <= int(positive_index.min()) <= int(positive_index.max()) < scores.shape[1]
+    ):
+        raise ValueError(f"positive_index must be in [0, {scores.shape[1]})")
+    positive = scores.gather(1, positive_index[:, None])
+    rank = (scores >= positive).sum(dim=1) - 1
+    return rank < k
