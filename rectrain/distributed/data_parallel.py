@@ -20,7 +20,7 @@ from torch.autograd import Function
 
 from rectrain.distributed import comm
 from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
+from rectrain.distributed.input_dist import FeatureSelector, LocalFeatures, to_shard_input
 from rectrain.distributed.shard_lookup import lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import KJTLike
@@ -44,6 +44,22 @@ class _LocalRowsWithGlobalGrad(Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         full = comm.all_gather_v(grad.contiguous(), ctx.sizes, ctx.group)
         return full, None, None, None
+
+
+def gather_global_batch(
+    local: LocalFeatures, num_features: int, env: ShardingEnv
+) -> tuple[Tensor, Tensor, Tensor | None, list[int]]:
+    """Every rank's ``local`` batch, all-gathered: lengths, ids, weights (None if unweighted), batch per rank.
+
+    Lengths and ids come rank after rank (each rank's block feature-major), as ``to_shard_input`` takes them.
+    """
+    group, world = env.pg, env.world_size
+    counts = torch.tensor([local.batch_size, local.values.numel()], device=local.values.device)
+    batches, totals = comm.all_gather_v(counts, [2] * world, group).view(world, 2).t().tolist()
+    lengths = comm.all_gather_v(local.lengths.reshape(-1), [b * num_features for b in batches], group)
+    values = comm.all_gather_v(local.values, totals, group)
+    weights = None if local.weights is None else comm.all_gather_v(local.weights, totals, group)
+    return lengths, values, weights, batches
 
 
 class DataParallelTables(nn.Module):
@@ -88,15 +104,8 @@ class DataParallelTables(nn.Module):
     def forward(self, features: KJTLike, weighted: bool) -> Tensor:
         """This rank's ``[batch, dims]`` pooled output, columns in kernel order (see ``embedding_names``)."""
         local = self._selector(features, weighted)
-        group, world = self.env.pg, self.env.world_size
-        counts = torch.tensor([local.batch_size, local.values.numel()], device=local.values.device)
-        batches, totals = comm.all_gather_v(counts, [2] * world, group).view(world, 2).t().tolist()
-        lengths = comm.all_gather_v(
-            local.lengths.reshape(-1), [b * len(self._selector.features) for b in batches], group
-        )
-        values = comm.all_gather_v(local.values, totals, group)
-        weights = None if local.weights is None else comm.all_gather_v(local.weights, totals, group)
-        global_input = to_shard_input(len(self._selector.features), lengths, values, weights, batches)
-        full = lookup(self.tables, global_input, self._device)
+        num = len(self._selector.features)
+        lengths, values, weights, batches = gather_global_batch(local, num, self.env)
+        full = lookup(self.tables, to_shard_input(num, lengths, values, weights, batches), self._device)
         start = sum(batches[: self.env.rank])
-        return _LocalRowsWithGlobalGrad.apply(full, start, batches, group)
+        return _LocalRowsWithGlobalGrad.apply(full, start, batches, self.env.pg)

@@ -148,6 +148,9 @@ class DistributedModelParallel(nn.Module):
             device_ids=device_ids,
             process_group=self.env.pg,
             gradient_as_bucket_view=True,
+            # Buffers are synced once at construction; syncing before every forward would add a collective
+            # (and a sync point) per step for buffers that never change (e.g. DLRM's triu indices).
+            forward_sync_buffers=False,
         )
 
     @property

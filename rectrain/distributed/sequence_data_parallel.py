@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from rectrain.distributed import comm
+from rectrain.distributed.data_parallel import gather_global_batch
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
 from rectrain.distributed.sequence_dist import ids_per_source, transpose_blocks
@@ -105,14 +106,11 @@ class SequenceDataParallel(nn.Module):
     def forward(self, features: KJTLike, need_indices: bool) -> dict[str, JaggedTensor]:
         """This rank's ``{key: JaggedTensor}`` for the data-parallel tables (keys in kernel order)."""
         local = self._selector(features, False)
-        group, world, num = self.env.pg, self.env.world_size, len(self._dims)
-        counts = torch.tensor([local.batch_size, local.values.numel()], device=local.values.device)
-        batches, totals = comm.all_gather_v(counts, [2] * world, group).view(world, 2).t().tolist()
-        lengths = comm.all_gather_v(local.lengths.reshape(-1), [b * num for b in batches], group)
-        values = comm.all_gather_v(local.values, totals, group)
+        world, num = self.env.world_size, len(self._dims)
+        lengths, values, _, batches = gather_global_batch(local, num, self.env)
         ids = ids_per_source(lengths, num, batches)
         sizes = [[ids[q][k] * d for q in range(world)] for k, d in enumerate(self._dims)]
-        own = _OwnBlocksWithGlobalGrad.apply(self._global_rows(lengths, values, batches), sizes, group)
+        own = _OwnBlocksWithGlobalGrad.apply(self._global_rows(lengths, values, batches), sizes, self.env.pg)
         mine = ids[self.env.rank]
         pieces = own.split([n * d for n, d in zip(mine, self._dims)])
         local_ids = local.values.split(mine)

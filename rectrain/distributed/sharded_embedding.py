@@ -20,6 +20,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import Tensor, nn
 
+from rectrain.distributed import shard_weights
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import FeatureSelector, ShardInput, check_ids, to_shard_input
 from rectrain.distributed.sequence_data_parallel import SequenceDataParallel
@@ -30,13 +31,11 @@ from rectrain.distributed.sequence_dist import (
     return_rows,
     send_ids,
 )
-from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
+from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
-from rectrain.errors import ConfigError
-from rectrain.optim import CombinedOptimizer
-from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.planner.types import ParameterSharding
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
 
@@ -79,15 +78,11 @@ class ShardedEmbeddingCollection(nn.Module):
     ) -> None:
         super().__init__()
         tables = ec.embedding_configs()
-        missing = [t.name for t in tables if t.name not in shardings]
-        if missing:
-            raise ConfigError(f"the sharding plan has no entry for tables {missing}")
         self.env, self._device, self._need_indices = env, device, ec.need_indices()
         self._tables = list(tables)
-        self._shardings = {t.name: shardings[t.name] for t in tables}
+        self._shardings = shard_weights.plan_of(tables, shardings)
         optimizer = ec.fused_optimizer_config
-        dp_names = {n for n, s in self._shardings.items() if s.sharding_type is ShardingType.DATA_PARALLEL}
-        routed = {n: s for n, s in self._shardings.items() if n not in dp_names}
+        routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_sequence_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
         groups = group_tables(local_tables, key=lambda t: (t.embedding_dim, t.data_type))
@@ -99,11 +94,13 @@ class ShardedEmbeddingCollection(nn.Module):
             else None
         )
         names_by_table = dict(zip((t.name for t in tables), get_embedding_names_by_table(tables)))
-        dp_tables = [t for t in tables if t.name in dp_names]
+        dp_tables = [t for t in tables if t.name not in routed]
         self.data_parallel = (
             SequenceDataParallel(dp_tables, names_by_table, optimizer, env, device) if dp_tables else None
         )
-        self._copy_weights_from(ec)
+        shard_weights.copy_weights(
+            tables, self._shardings, env.rank, lambda name: ec.embeddings[name].weight, self._local_weight
+        )
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
@@ -116,29 +113,12 @@ class ShardedEmbeddingCollection(nn.Module):
         self._stream_dims = [s.num_cols for s in self.routing.streams[env.rank]]
         self._embedding_names = [n for t in tables for n in names_by_table[t.name]]
 
-    @torch.no_grad()
-    def _copy_weights_from(self, ec: EmbeddingCollection) -> None:
-        for table in self._tables:
-            full = ec.embeddings[table.name].weight
-            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
-                rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
-                cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
-                self._local_weight(table.name, shard_name).copy_(full[rows, cols])
-
     def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
-        """This rank's weight of one shard (``shard_name``) or of a data-parallel table (None)."""
-        if shard_name is None:
-            return self.data_parallel.weight(table)
-        return self.embeddings[shard_name].weight
+        return shard_weights.local_weight(self.embeddings, self.data_parallel, table, shard_name)
 
     @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        members = []
-        if self.embeddings is not None:
-            members.append(("sharded", self.embeddings.fused_optimizer))
-        if self.data_parallel is not None:
-            members.append(("data_parallel", self.data_parallel.fused_optimizer))
-        return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+        return shard_weights.fused_optimizer(self.embeddings, self.data_parallel)
 
     def embedding_configs(self) -> list:
         return self._tables
@@ -184,22 +164,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def sharded_state(self) -> dict[str, ShardedTable]:
         """``embeddings.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
-        state = {}
-        for table in self._tables:
-            shards = []
-            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
-                shards.append((shard, self._local_weight(table.name, shard_name)))
-            state[f"embeddings.{table.name}.weight"] = ShardedTable(
-                global_shape=(table.num_embeddings, table.embedding_dim),
-                sharding=self._shardings[table.name],
-                local_shards=shards,
-            )
-        return state
+        return shard_weights.sharded_state(
+            "embeddings", self._tables, self._shardings, self.env.rank, self._local_weight
+        )
 
     def extra_repr(self) -> str:
-        kinds: dict[str, list[str]] = {}
-        for name, sharding in self._shardings.items():
-            kinds.setdefault(sharding.sharding_type.value, []).append(name)
-        return f"rank={self.env.rank}/{self.env.world_size}, " + ", ".join(
-            f"{k}: {v}" for k, v in kinds.items()
-        )
+        return shard_weights.describe(self.env, self._shardings)

@@ -18,21 +18,21 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from rectrain.distributed import shard_weights
 from rectrain.distributed.data_parallel import DataParallelTables
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import FeatureSelector, check_ids, send_features, to_shard_input
 from rectrain.distributed.output_dist import PooledAssembler
 from rectrain.distributed.routing import build_routing
 from rectrain.distributed.shard_lookup import lookup
-from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
+from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import PoolingType
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.embedding.table_batch import pooling_mode
 from rectrain.errors import ConfigError
-from rectrain.optim import CombinedOptimizer
-from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.planner.types import ParameterSharding
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 
@@ -55,15 +55,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ) -> None:
         super().__init__()
         tables = ebc.embedding_bag_configs()
-        missing = [t.name for t in tables if t.name not in shardings]
-        if missing:
-            raise ConfigError(f"the sharding plan has no entry for tables {missing}")
         self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
         self._tables = list(tables)
-        self._shardings = {t.name: shardings[t.name] for t in tables}
+        self._shardings = shard_weights.plan_of(tables, shardings)
         optimizer = ebc.fused_optimizer_config
-        dp_names = {n for n, s in self._shardings.items() if s.sharding_type is ShardingType.DATA_PARALLEL}
-        routed = {n: s for n, s in self._shardings.items() if n not in dp_names}
+        routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
         if len({t.data_type for t in tables}) > 1:
@@ -81,7 +77,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if local_tables
             else None
         )
-        dp_tables = [t for t in tables if t.name in dp_names]
+        dp_tables = [t for t in tables if t.name not in routed]
         names_by_table = get_embedding_names_by_table(tables)
         self.data_parallel = (
             DataParallelTables(
@@ -90,7 +86,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if dp_tables
             else None
         )
-        self._copy_weights_from(ebc)
+        shard_weights.copy_weights(
+            tables,
+            self._shardings,
+            env.rank,
+            lambda name: ebc.embedding_bags[name].weight,
+            self._local_weight,
+        )
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
@@ -111,29 +113,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         order = [start[name] + c for name in self._embedding_names for c in range(widths[name])]
         return None if order == list(range(position)) else torch.tensor(order, device=self._device)
 
-    @torch.no_grad()
-    def _copy_weights_from(self, ebc: EmbeddingBagCollection) -> None:
-        for table in self._tables:
-            full = ebc.embedding_bags[table.name].weight
-            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
-                rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
-                cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
-                self._local_weight(table.name, shard_name).copy_(full[rows, cols])
-
     def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
-        """This rank's weight of one shard (``shard_name``) or of a data-parallel table (None)."""
-        if shard_name is None:
-            return self.data_parallel.weight(table)
-        return self.embedding_bags[shard_name].weight
+        return shard_weights.local_weight(self.embedding_bags, self.data_parallel, table, shard_name)
 
     @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        members = []
-        if self.embedding_bags is not None:
-            members.append(("sharded", self.embedding_bags.fused_optimizer))
-        if self.data_parallel is not None:
-            members.append(("data_parallel", self.data_parallel.fused_optimizer))
-        return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+        return shard_weights.fused_optimizer(self.embedding_bags, self.data_parallel)
 
     def embedding_bag_configs(self) -> list:
         return self._tables
@@ -163,22 +148,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def sharded_state(self) -> dict[str, ShardedTable]:
         """``embedding_bags.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
-        state = {}
-        for table in self._tables:
-            shards = []
-            for shard_name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank):
-                shards.append((shard, self._local_weight(table.name, shard_name)))
-            state[f"embedding_bags.{table.name}.weight"] = ShardedTable(
-                global_shape=(table.num_embeddings, table.embedding_dim),
-                sharding=self._shardings[table.name],
-                local_shards=shards,
-            )
-        return state
+        return shard_weights.sharded_state(
+            "embedding_bags", self._tables, self._shardings, self.env.rank, self._local_weight
+        )
 
     def extra_repr(self) -> str:
-        kinds: dict[str, list[str]] = {}
-        for name, sharding in self._shardings.items():
-            kinds.setdefault(sharding.sharding_type.value, []).append(name)
-        return f"rank={self.env.rank}/{self.env.world_size}, " + ", ".join(
-            f"{k}: {v}" for k, v in kinds.items()
-        )
+        return shard_weights.describe(self.env, self._shardings)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rectrain.errors import RecTrainError
 from rectrain.sparse import jagged_ops, validation
+from rectrain.sparse.jagged_storage import JaggedStorage
 
 _STR_MAX_ROWS = 20
 
 
-class JaggedTensor:
+class JaggedTensor(JaggedStorage):
     """Values of B rows of different lengths: row b is ``values[offsets[b]:offsets[b + 1]]``.
 
     Either ``lengths`` or ``offsets`` must be given; the other is computed on first use and cached.
@@ -87,41 +87,6 @@ class JaggedTensor:
         masked_weights = weights[mask] if weights is not None else None
         return JaggedTensor(values=values[mask], weights=masked_weights, lengths=lengths)
 
-    def values(self) -> Tensor:
-        return self._values
-
-    def weights(self) -> Tensor:
-        """The per-value weights; raises RecTrainError if this JaggedTensor was built without weights."""
-        if self._weights is None:
-            raise RecTrainError(
-                "this JaggedTensor has no weights (built with weights=None); use weights_or_none()"
-            )
-        return self._weights
-
-    def weights_or_none(self) -> Tensor | None:
-        return self._weights
-
-    def lengths(self) -> Tensor:
-        """Per-row lengths, computed from offsets on first use and cached."""
-        if self._lengths is None:
-            self._lengths = jagged_ops.offsets_to_lengths(self._offsets)
-        return self._lengths
-
-    def offsets(self) -> Tensor:
-        """Per-row offsets (B + 1 entries), computed from lengths on first use and cached."""
-        if self._offsets is None:
-            self._offsets = jagged_ops.lengths_to_offsets(self._lengths)
-        return self._offsets
-
-    def lengths_or_none(self) -> Tensor | None:
-        return self._lengths
-
-    def offsets_or_none(self) -> Tensor | None:
-        return self._offsets
-
-    def device(self) -> torch.device:
-        return self._values.device
-
     def to_dense(self) -> list[Tensor]:
         """The rows as a list of tensors (one host sync for the lengths)."""
         return list(torch.split(self._values, self.lengths().tolist()))
@@ -172,17 +137,6 @@ class JaggedTensor:
             offsets=move(self._offsets),
             validate=False,
         )
-
-    def record_stream(self, stream: torch.Stream) -> None:
-        """Mark every tensor as in use on ``stream`` (CUDA caching allocator)."""
-        for t in (self._values, self._weights, self._lengths, self._offsets):
-            if t is not None:
-                t.record_stream(stream)
-
-    def size_in_bytes(self) -> int:
-        """Bytes held by the tensors (values, weights, lengths and offsets, where present)."""
-        tensors = (self._values, self._weights, self._lengths, self._offsets)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def __str__(self) -> str:
         lines = [f"    values: {_format_rows(self.lengths(), self._values)}"]

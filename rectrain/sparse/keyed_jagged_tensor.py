@@ -21,12 +21,13 @@ from torch import Tensor
 
 from rectrain.errors import RecTrainError
 from rectrain.sparse import jagged_ops, validation
+from rectrain.sparse.jagged_storage import JaggedStorage
 from rectrain.sparse.jagged_tensor import JaggedTensor, _format_rows
 
 InverseIndices = tuple[list[str], Tensor]
 
 
-class KeyedJaggedTensor:
+class KeyedJaggedTensor(JaggedStorage):
     """Sparse features of a batch: for each key, a jagged row of ids (and optional weights) per example."""
 
     def __init__(
@@ -224,38 +225,6 @@ class KeyedJaggedTensor:
     def keys(self) -> list[str]:
         return self._keys
 
-    def values(self) -> Tensor:
-        return self._values
-
-    def weights(self) -> Tensor:
-        """The per-value weights; raises RecTrainError if this KeyedJaggedTensor was built without weights."""
-        if self._weights is None:
-            raise RecTrainError(
-                "this KeyedJaggedTensor has no weights (built with weights=None); use weights_or_none()"
-            )
-        return self._weights
-
-    def weights_or_none(self) -> Tensor | None:
-        return self._weights
-
-    def lengths(self) -> Tensor:
-        """Key-major per-row lengths, computed from offsets on first use and cached."""
-        if self._lengths is None:
-            self._lengths = jagged_ops.offsets_to_lengths(self._offsets)
-        return self._lengths
-
-    def offsets(self) -> Tensor:
-        """Key-major per-row offsets (rows + 1 entries), computed from lengths on first use and cached."""
-        if self._offsets is None:
-            self._offsets = jagged_ops.lengths_to_offsets(self._lengths)
-        return self._offsets
-
-    def lengths_or_none(self) -> Tensor | None:
-        return self._lengths
-
-    def offsets_or_none(self) -> Tensor | None:
-        return self._offsets
-
     def stride(self) -> int:
         """Rows per key (the batch size); with VBE, the largest per-key stride unless given explicitly."""
         if self._stride is None:
@@ -423,9 +392,6 @@ class KeyedJaggedTensor:
 
     # ------------------------------------------------------------------------------------ device and sync
 
-    def device(self) -> torch.device:
-        return self._values.device
-
     def to(
         self, device: torch.device | str, non_blocking: bool = False, dtype: torch.dtype | None = None
     ) -> KeyedJaggedTensor:
@@ -458,12 +424,6 @@ class KeyedJaggedTensor:
             validate=False,
         )
 
-    def record_stream(self, stream: torch.Stream) -> None:
-        """Mark every tensor as in use on ``stream`` (CUDA caching allocator)."""
-        for t in (self._values, self._weights, self._lengths, self._offsets):
-            if t is not None:
-                t.record_stream(stream)
-
     def sync(self) -> KeyedJaggedTensor:
         """Compute and cache length_per_key and offset_per_key now (one host sync); returns self."""
         self.length_per_key()
@@ -475,11 +435,6 @@ class KeyedJaggedTensor:
         self._length_per_key = None
         self._offset_per_key = None
         return self
-
-    def size_in_bytes(self) -> int:
-        """Bytes held by the tensors (values, weights, lengths and offsets, where present)."""
-        tensors = (self._values, self._weights, self._lengths, self._offsets)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def __len__(self) -> int:
         return len(self._keys)

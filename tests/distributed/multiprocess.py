@@ -123,6 +123,8 @@ def _worker(
     try:
         result = fn(ShardingEnv.from_process_group(dist.group.WORLD), *args)
         torch.save(result, os.path.join(tmp, f"result_{rank}.pt"))
+        # No rank tears its process group down while a peer may still be finishing a collective with it.
+        dist.barrier()
     except BaseException:
         partial = os.path.join(tmp, f"partial_{rank}.txt")
         with open(partial, "w") as f:

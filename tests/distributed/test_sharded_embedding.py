@@ -29,9 +29,9 @@ from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.config import EmbeddingConfig, EmbOptimType, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.sparse import KeyedJaggedTensor
+from tests.distributed.batches import TOL, assert_shards_match, global_batch, local_kjt
 from tests.distributed.multiprocess import run_multiprocess
 
-TOL = {"atol": 1e-5, "rtol": 1e-4}
 FEATURES = ["f_a", "f_b", "f_c", "f_d", "f_e"]
 ROWS = {"f_a": 20, "f_b": 40, "f_c": 30, "f_d": 30, "f_e": 20}
 
@@ -58,29 +58,9 @@ def _plan(kinds: dict[str, str], world_size: int) -> dict:
     return {table: makers[kind](table) for table, kind in kinds.items()}
 
 
-def _global_batch(step: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lengths ``[features, global batch]`` and ids, the same on every rank."""
-    gen = torch.Generator().manual_seed(1000 + step)
-    lengths = torch.randint(0, 4, (len(FEATURES), total), generator=gen)
-    ids = [torch.randint(0, ROWS[f], (int(lengths[i].sum()),), generator=gen) for i, f in enumerate(FEATURES)]
-    return lengths, torch.cat(ids)
-
-
 def _local_kjt(lengths: torch.Tensor, values: torch.Tensor, start: int, size: int) -> KeyedJaggedTensor:
     """Examples ``[start, start + size)`` of the global batch, keys reversed plus one unread key."""
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.reshape(-1).cumsum(0)])
-    total = lengths.shape[1]
-    keep = {}
-    for f, name in enumerate(FEATURES):
-        lo, hi = int(offsets[f * total + start]), int(offsets[f * total + start + size])
-        keep[name] = (lengths[f, start : start + size], values[lo:hi])
-    keys = ["unused", *reversed(FEATURES)]
-    keep["unused"] = (torch.ones(size, dtype=torch.int64), torch.zeros(size, dtype=torch.int64))
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys,
-        values=torch.cat([keep[k][1] for k in keys]),
-        lengths=torch.cat([keep[k][0] for k in keys]),
-    )
+    return local_kjt(lengths, values, None, FEATURES, start, size, key_order=FEATURES[::-1])
 
 
 def _train_and_compare(env, kinds: dict[str, str], optimizer: str) -> int:
@@ -93,7 +73,7 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str) -> int:
     batch_sizes = [3 + 2 * r for r in range(env.world_size)]
     start, total = sum(batch_sizes[: env.rank]), sum(batch_sizes)
     for step in range(5):
-        lengths, values = _global_batch(step, total)
+        lengths, values, _ = global_batch(step, ROWS, total)
         expected = reference(_local_kjt(lengths, values, 0, total))
         got = sharded(_local_kjt(lengths, values, start, batch_sizes[env.rank]))
         assert list(got) == list(expected)
@@ -112,14 +92,7 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str) -> int:
             loss = loss + (got[key].values() * target[lo : lo + n]).sum()
         ref_loss.backward()
         loss.backward()
-    reference_state = reference.state_dict()
-    for key, table in sharded.sharded_state().items():
-        for shard, tensor in table.local_shards:
-            rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
-            cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
-            torch.testing.assert_close(
-                tensor, reference_state[key][rows, cols], **TOL, msg=lambda m, k=key: f"{k}: {m}"
-            )
+    assert_shards_match(sharded.sharded_state(), reference.state_dict())
     return env.rank
 
 

@@ -25,11 +25,11 @@ from rectrain.distributed.sharding_plan import (
 )
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import EmbeddingBagConfig, EmbOptimType, FusedOptimizerConfig, PoolingType
-from rectrain.sparse import KeyedJaggedTensor
+from tests.distributed.batches import TOL, assert_shards_match, global_batch, local_kjt
 from tests.distributed.multiprocess import run_multiprocess
 
-TOL = {"atol": 1e-5, "rtol": 1e-4}
 FEATURES = ["f_a", "f_b", "f_c", "f_d", "f_e"]
+ROWS = {"f_a": 20, "f_b": 40, "f_c": 50, "f_d": 30, "f_e": 20}
 
 
 def _tables() -> list[EmbeddingBagConfig]:
@@ -57,41 +57,6 @@ def _plan(kinds: dict[str, str], world_size: int, local_size: int):
     return {table: makers[kind](table) for table, kind in kinds.items()}
 
 
-def _global_batch(
-    step: int, batch_sizes: list[int], weighted: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lengths ``[features, global batch]``, ids and weights, the same on every rank."""
-    gen = torch.Generator().manual_seed(1000 + step)
-    total = sum(batch_sizes)
-    lengths = torch.randint(0, 4, (len(FEATURES), total), generator=gen)
-    rows = {"f_a": 20, "f_b": 40, "f_c": 50, "f_d": 30, "f_e": 20}
-    ids = [torch.randint(0, rows[f], (int(lengths[i].sum()),), generator=gen) for i, f in enumerate(FEATURES)]
-    weights = torch.rand(int(lengths.sum()), generator=gen) if weighted else None
-    return lengths, torch.cat(ids), weights
-
-
-def _local_kjt(lengths, values, weights, batch_sizes: list[int], rank: int) -> KeyedJaggedTensor:
-    start, size = sum(batch_sizes[:rank]), batch_sizes[rank]
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.reshape(-1).cumsum(0)]).view(-1)
-    keep_lengths, keep_values, keep_weights = [], [], []
-    total = lengths.shape[1]
-    for f in range(lengths.shape[0]):
-        lo = int(offsets[f * total + start])
-        hi = int(offsets[f * total + start + size])
-        keep_lengths.append(lengths[f, start : start + size])
-        keep_values.append(values[lo:hi])
-        if weights is not None:
-            keep_weights.append(weights[lo:hi])
-    # Extra, unread key first: the collection must select its own features.
-    extra = torch.ones(size, dtype=torch.int64)
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=["unused", *FEATURES],
-        values=torch.cat([torch.zeros(size, dtype=torch.int64), *keep_values]),
-        lengths=torch.cat([extra, *keep_lengths]),
-        weights=None if weights is None else torch.cat([torch.ones(size), *keep_weights]),
-    )
-
-
 def _train_and_compare(env, kinds: dict[str, str], optimizer: str, weighted: bool) -> int:
     torch.manual_seed(0)
     config = FusedOptimizerConfig(optimizer=EmbOptimType(optimizer), lr=0.1)
@@ -104,20 +69,17 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str, weighted: boo
     batch_sizes = [3 + 2 * r for r in range(env.world_size)]
     mine = slice(sum(batch_sizes[: env.rank]), sum(batch_sizes[: env.rank + 1]))
     for step in range(5):
-        lengths, values, weights = _global_batch(step, batch_sizes, weighted)
-        global_kjt = _local_kjt(lengths, values, weights, [sum(batch_sizes)], 0)
+        lengths, values, weights = global_batch(step, ROWS, sum(batch_sizes), weighted)
+        global_kjt = local_kjt(lengths, values, weights, FEATURES, 0, sum(batch_sizes))
         target = torch.randn(sum(batch_sizes), 72, generator=torch.Generator().manual_seed(step))
         expected = reference(global_kjt).values()
         (expected * target).sum().backward()
-        got = sharded(_local_kjt(lengths, values, weights, batch_sizes, env.rank)).values()
+        got = sharded(
+            local_kjt(lengths, values, weights, FEATURES, mine.start, batch_sizes[env.rank])
+        ).values()
         (got * target[mine]).sum().backward()
         torch.testing.assert_close(got, expected[mine].detach(), **TOL)
-    for key, table in sharded.sharded_state().items():
-        full = reference.state_dict()[key]
-        for shard, tensor in table.local_shards:
-            rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
-            cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
-            torch.testing.assert_close(tensor, full[rows, cols], **TOL, msg=lambda m, k=key: f"{k}: {m}")
+    assert_shards_match(sharded.sharded_state(), reference.state_dict())
     return env.rank
 
 

@@ -1,0 +1,204 @@
+"""Training throughput of our DLRM under DistributedModelParallel on the standard workload (WORKLOAD.md).
+
+Mirrors /work/shared/bench/peer_torchrec_train.py step for step: the same batches (a generator seeded
+``1000 * rank + step``, 4 cached per rank), 3 warm-up steps, then ``--steps`` timed steps between barriers;
+gloo, one spawned process per rank, ``cores // world_size`` threads each. Ranks meet through a FileStore in a
+temp dir (no port). The planner picks the plan; tables use fused row-wise Adagrad (lr 0.05), the dense part
+Adagrad (lr 0.05).
+
+    .venv/bin/python bench/train_throughput.py --world-size 1|2 [--steps 20] [--compare] [--profile]
+
+``--repeats N`` alternates N runs of each and reports each one's best run: on a shared machine other load only
+ever slows a run down, so the fastest is the least disturbed.
+``--compare`` also runs the TorchRec reference (in its own venv, built by setup_peer.sh on first use) and the
+compute bound (compute_bound.py), prints them and the ratios. ``--profile`` profiles rank 0 over extra steps
+after timing (torch.profiler op table, then cProfile's top Python functions). The last line is always
+``rectrain train examples/s <global examples per second>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
+from rectrain.distributed import DistributedModelParallel, ShardingEnv
+from rectrain.models import DLRM
+
+T, E, D, DENSE, B, L = 8, 100_000, 64, 13, 2048, 20
+LR = 0.05
+SHARED_BENCH = Path(os.environ.get("RECTRAIN_SHARED_BENCH", "/work/shared/bench"))
+
+
+def make_batch(rank: int, step: int) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+    """The peer script's batch for (rank, step), draw for draw."""
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    lengths = torch.randint(1, 2 * L, (T * B,), generator=g)
+    values = torch.randint(0, E, (int(lengths.sum()),), generator=g)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f{i}" for i in range(T)], values=values, lengths=lengths
+    )
+    dense = torch.randn(B, DENSE, generator=g)
+    labels = torch.randint(0, 2, (B,), generator=g).float()
+    return dense, kjt, labels
+
+
+def build(env: ShardingEnv) -> tuple[DistributedModelParallel, torch.optim.Optimizer]:
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=D, num_embeddings=E, feature_names=[f"f{i}"])
+        for i in range(T)
+    ]
+    ebc = EmbeddingBagCollection(
+        tables, fused_optimizer=FusedOptimizerConfig(optimizer="rowwise_adagrad", lr=LR)
+    )
+    model = DLRM(
+        ebc,
+        dense_in_features=DENSE,
+        dense_arch_layer_sizes=[512, 256, D],
+        over_arch_layer_sizes=[512, 256, 1],
+    )
+    dmp = DistributedModelParallel(model, env=env, device=torch.device("cpu"), batch_size=B)
+    opt = torch.optim.Adagrad([p for n, p in dmp.named_parameters() if "sparse_arch" not in n], lr=LR)
+    return dmp, opt
+
+
+def profile_rank(step: Callable[[int], None], steps: int, rank: int) -> None:
+    """Run ``steps`` more steps on every rank; rank 0 prints where its time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            step(i)
+    prof_c = cProfile.Profile()
+    prof_c.enable()
+    for i in range(steps):
+        step(i)
+    prof_c.disable()
+    if rank == 0:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+        out = io.StringIO()
+        pstats.Stats(prof_c, stream=out).sort_stats("tottime").print_stats(25)
+        print(out.getvalue(), flush=True)
+
+
+def run_rank(rank: int, ws: int, steps: int, store_dir: str, profile_steps: int, out) -> None:
+    store = dist.FileStore(os.path.join(store_dir, "store"), ws)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=ws)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ws))
+    t0 = time.perf_counter()
+    dmp, opt = build(ShardingEnv.from_process_group(dist.group.WORLD))
+    setup_s = time.perf_counter() - t0
+    lossf = torch.nn.BCEWithLogitsLoss()
+    data = [make_batch(rank, s) for s in range(4)]
+
+    def step(i: int) -> None:
+        dense, kjt, labels = data[i % 4]
+        logits = dmp(dense, kjt).squeeze(-1)
+        loss = lossf(logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for i in range(3):
+        step(i)
+    dist.barrier()
+    t = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    dist.barrier()
+    dt = time.perf_counter() - t
+    if rank == 0:
+        plan = {
+            name: s.sharding_type.value
+            for name, s in dmp.plan.get_plan_for_module("sparse_arch.embedding_bag_collection").items()
+        }
+        out.put((ws * B * steps / dt, 1e3 * dt / steps, setup_s, plan))
+    if profile_steps:
+        profile_rank(step, profile_steps, rank)
+    dist.destroy_process_group()
+
+
+def run_ours(ws: int, steps: int, profile_steps: int) -> tuple[float, float, float, dict]:
+    q = mp.get_context("spawn").SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="rectrain-bench-") as tmp:
+        args = (ws, steps, tmp, profile_steps, q)
+        mp.start_processes(run_rank, args=args, nprocs=ws, start_method="spawn")
+        return q.get()
+
+
+def last_number(output: str, prefix: str) -> float:
+    lines = [line for line in output.splitlines() if line.startswith(prefix)]
+    if not lines:
+        raise RuntimeError(f"no line starting {prefix!r} in:\n{output}")
+    return float(lines[-1].split()[-1])
+
+
+def _stdout(cmd: list[str]) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def compare(ws: int, steps: int) -> tuple[float, float]:
+    """(TorchRec examples/s at this world size, compute bound examples/s), each measured now."""
+    venv = _stdout(["bash", str(SHARED_BENCH / "setup_peer.sh")]).strip().splitlines()[-1]
+    peer_script = str(SHARED_BENCH / "peer_torchrec_train.py")
+    peer = _stdout([f"{venv}/bin/python", peer_script, "--world-size", str(ws), "--steps", str(steps)])
+    bound = _stdout([sys.executable, str(SHARED_BENCH / "compute_bound.py")])
+    return last_number(peer, "torchrec train examples/s"), last_number(bound, "compute bound examples/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--compare", action="store_true", help="also run TorchRec and the compute bound")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of each; figures are the best")
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS", help="profile rank 0 over STEPS extra steps"
+    )
+    a = ap.parse_args()
+    if a.world_size < 1 or a.steps < 1 or a.repeats < 1:
+        ap.error("--world-size, --steps and --repeats must be >= 1")
+    ours, peers, bounds = [], [], []
+    for repeat in range(a.repeats):
+        examples_s, ms, setup_s, plan = run_ours(a.world_size, a.steps, a.profile if repeat == 0 else 0)
+        ours.append(examples_s)
+        if repeat == 0:
+            print(f"plan: {plan}")
+        print(
+            f"rectrain train {ms:.1f} ms/step "
+            f"(world size {a.world_size}, batch {B}/rank, setup {setup_s:.1f} s)"
+        )
+        if a.compare:
+            peer, bound = compare(a.world_size, a.steps)
+            peers.append(peer)
+            bounds.append(bound)
+            print(
+                f"  run {repeat}: rectrain {examples_s:.0f}, torchrec {peer:.0f}, "
+                f"compute bound {bound:.0f} examples/s"
+            )
+    ours_s = max(ours)
+    if a.compare:
+        peer_s, bound_s = max(peers), max(bounds)
+        print(f"torchrec train examples/s {peer_s:.0f}")
+        print(f"compute bound examples/s {bound_s:.0f}")
+        print(f"ratio vs torchrec {ours_s / peer_s:.2f}")
+        if a.world_size == 1:
+            print(f"fraction of compute bound {ours_s / bound_s:.2f}")
+    print(f"rectrain train examples/s {ours_s:.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""What the pooled and the sequence sharded collections share: the plan check, weights and state of shards.
+
+Both hold a rank's routed shards in one ``FusedTables`` (named ``<table>#<i>``) and its data-parallel tables
+in a replicated module with a ``weight(table)`` method; these plain functions work on that pair, so the two
+collections differ only in their kernels and their forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
+from rectrain.embedding.config import BaseEmbeddingConfig
+from rectrain.embedding.fused_tables import FusedTables
+from rectrain.errors import ConfigError
+from rectrain.optim import CombinedOptimizer
+from rectrain.planner.types import ParameterSharding, ShardingType
+
+
+class Replicated(Protocol):
+    """The data-parallel side of a sharded collection (``DataParallelTables``, ``SequenceDataParallel``)."""
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer: ...
+
+    def weight(self, table: str) -> Tensor: ...
+
+
+def plan_of(
+    tables: Sequence[BaseEmbeddingConfig], shardings: Mapping[str, ParameterSharding]
+) -> dict[str, ParameterSharding]:
+    """Each table's sharding in table order; ConfigError naming the tables the plan has no entry for."""
+    missing = [t.name for t in tables if t.name not in shardings]
+    if missing:
+        raise ConfigError(f"the sharding plan has no entry for tables {missing}")
+    return {t.name: shardings[t.name] for t in tables}
+
+
+def routed_shardings(shardings: Mapping[str, ParameterSharding]) -> dict[str, ParameterSharding]:
+    """The tables that go through the all-to-alls (every sharding type but data-parallel)."""
+    return {n: s for n, s in shardings.items() if s.sharding_type is not ShardingType.DATA_PARALLEL}
+
+
+def local_weight(
+    sharded: FusedTables | None, data_parallel: Replicated | None, table: str, shard_name: str | None
+) -> Tensor:
+    """This rank's weight of one shard (``shard_name``) or of a data-parallel table (None)."""
+    if shard_name is None:
+        return data_parallel.weight(table)
+    return sharded[shard_name].weight
+
+
+@torch.no_grad()
+def copy_weights(
+    tables: Sequence[BaseEmbeddingConfig],
+    shardings: Mapping[str, ParameterSharding],
+    rank: int,
+    full_weight: Callable[[str], Tensor],
+    local: Callable[[str, str | None], Tensor],
+) -> None:
+    """Copy each of this rank's shards (``local(table, shard_name)``) out of ``full_weight(table)``."""
+    for table in tables:
+        full = full_weight(table.name)
+        for shard_name, shard in shard_tables_of(table, shardings[table.name], rank):
+            rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
+            cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
+            local(table.name, shard_name).copy_(full[rows, cols])
+
+
+def sharded_state(
+    prefix: str,
+    tables: Sequence[BaseEmbeddingConfig],
+    shardings: Mapping[str, ParameterSharding],
+    rank: int,
+    local: Callable[[str, str | None], Tensor],
+) -> dict[str, ShardedTable]:
+    """``<prefix>.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
+    return {
+        f"{prefix}.{table.name}.weight": ShardedTable(
+            global_shape=(table.num_embeddings, table.embedding_dim),
+            sharding=shardings[table.name],
+            local_shards=[
+                (shard, local(table.name, shard_name))
+                for shard_name, shard in shard_tables_of(table, shardings[table.name], rank)
+            ],
+        )
+        for table in tables
+    }
+
+
+def fused_optimizer(sharded: FusedTables | None, data_parallel: Replicated | None) -> torch.optim.Optimizer:
+    """The shards' and the replicas' fused optimizers as one (the only one where the other side is empty)."""
+    members = []
+    if sharded is not None:
+        members.append(("sharded", sharded.fused_optimizer))
+    if data_parallel is not None:
+        members.append(("data_parallel", data_parallel.fused_optimizer))
+    return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+
+
+def describe(env: ShardingEnv, shardings: Mapping[str, ParameterSharding]) -> str:
+    """``rank=r/w, <type>: [tables], ...`` for a module's ``extra_repr``."""
+    kinds: dict[str, list[str]] = {}
+    for name, sharding in shardings.items():
+        kinds.setdefault(sharding.sharding_type.value, []).append(name)
+    return f"rank={env.rank}/{env.world_size}, " + ", ".join(f"{k}: {v}" for k, v in kinds.items())

@@ -1,0 +1,177 @@
+"""DLRM (``torchrec.models.dlrm``): bottom MLP, pooled embeddings, pairwise dot interaction, top MLP.
+
+    dense [B, dense_in] ── dense_arch ──► [B, D] ─┐
+                                                  ├─ inter_arch ─► [B, D + F(F+1)/2] ─ over_arch ─► [B, 1]
+    sparse KJT ── sparse_arch (EBC) ──► [B, F, D] ┘
+
+Module and argument names, and the state-dict layout, are TorchRec's. ``DistributedModelParallel`` replaces
+``sparse_arch.embedding_bag_collection`` with its sharded form; nothing here depends on which one it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rectrain.embedding import EmbeddingBagCollection
+from rectrain.embedding.layout import get_embedding_names_by_table
+from rectrain.errors import ConfigError
+from rectrain.models.batch import Batch
+from rectrain.models.mlp import MLP, check_layer_sizes
+from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
+
+
+class SparseArch(nn.Module):
+    """Pooled embeddings of every feature stacked as ``[B, F, D]`` (F features, one embedding dim D).
+
+    Features come in table order, each table's ``feature_names`` in order (a feature read by several tables
+    appears once per table, keyed ``"<feature>@<table>"``).
+    """
+
+    def __init__(self, embedding_bag_collection: EmbeddingBagCollection) -> None:
+        super().__init__()
+        configs = embedding_bag_collection.embedding_bag_configs()
+        if not configs:
+            raise ConfigError("embedding_bag_collection has no tables; DLRM needs at least one")
+        dims = {table.embedding_dim for table in configs}
+        if len(dims) != 1:
+            raise ConfigError(
+                "every table of embedding_bag_collection must have the same embedding_dim for the dot "
+                f"interaction, got {sorted(dims)}"
+            )
+        self.embedding_bag_collection = embedding_bag_collection
+        self._sparse_feature_names = [n for names in get_embedding_names_by_table(configs) for n in names]
+        self.F = len(self._sparse_feature_names)
+        self.D = configs[0].embedding_dim
+
+    @property
+    def sparse_feature_names(self) -> list[str]:
+        return self._sparse_feature_names
+
+    def forward(self, features: KeyedJaggedTensor) -> Tensor:
+        pooled: KeyedTensor = self.embedding_bag_collection(features)
+        if pooled.keys() == self._sparse_feature_names:
+            values = pooled.values()  # already in feature order: no copy
+        else:
+            by_name = pooled.to_dict()
+            values = torch.cat([by_name[name] for name in self._sparse_feature_names], dim=1)
+        return values.reshape(-1, self.F, self.D)
+
+
+class DenseArch(nn.Module):
+    """The bottom MLP: ``[B, in_features] -> [B, layer_sizes[-1]]``, ReLU after every layer."""
+
+    def __init__(
+        self, in_features: int, layer_sizes: Sequence[int], device: torch.device | str | None = None
+    ) -> None:
+        super().__init__()
+        self.model = MLP(in_features, layer_sizes, bias=True, activation="relu", device=device)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.model(features)
+
+
+class InteractionArch(nn.Module):
+    """``cat(dense, upper triangle of Z Z^T)`` with ``Z = [dense; sparse_1..F]`` of shape ``[B, F + 1, D]``.
+
+    Output ``[B, D + F(F+1)/2]``: the dense vector followed by the dot product of every distinct pair of
+    rows of Z (diagonal excluded), in row-major order of the upper triangle.
+    """
+
+    def __init__(self, num_sparse_features: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        triu = torch.triu_indices(self.F + 1, self.F + 1, offset=1, device=device)
+        self.register_buffer("triu_indices", triu, persistent=False)
+
+    def forward(self, dense_features: Tensor, sparse_features: Tensor) -> Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
+        interactions = torch.bmm(combined, combined.transpose(1, 2))
+        flat = interactions[:, self.triu_indices[0], self.triu_indices[1]]
+        return torch.cat((dense_features, flat), dim=1)
+
+
+class OverArch(nn.Module):
+    """The top MLP: ReLU layers ``layer_sizes[:-1]``, then a plain Linear to ``layer_sizes[-1]`` (logits).
+
+    Unlike TorchRec, a single size is allowed (the arch is then one Linear).
+    """
+
+    def __init__(
+        self, in_features: int, layer_sizes: Sequence[int], device: torch.device | str | None = None
+    ) -> None:
+        super().__init__()
+        sizes = check_layer_sizes("over_arch_layer_sizes", layer_sizes)
+        last_in = sizes[-2] if len(sizes) > 1 else in_features
+        self.model = nn.Sequential(
+            MLP(in_features, sizes[:-1], bias=True, activation="relu", device=device),
+            nn.Linear(last_in, sizes[-1], bias=True, device=device),
+        )
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.model(features)
+
+
+class DLRM(nn.Module):
+    """Deep Learning Recommendation Model (Naumov et al., 2019), as ``torchrec.models.dlrm.DLRM``.
+
+    Args:
+        embedding_bag_collection: the sparse tables; all must share one embedding_dim D.
+        dense_in_features: width of the dense input.
+        dense_arch_layer_sizes: bottom MLP sizes; the last must equal D.
+        over_arch_layer_sizes: top MLP sizes; the last is the number of logits (usually 1).
+        dense_device: where the dense part lives (default cpu).
+
+    ``forward(dense_features [B, dense_in_features], sparse_features KJT) -> logits [B, over[-1]]``.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dense_device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        check_layer_sizes("dense_in_features", [dense_in_features])
+        dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
+        check_layer_sizes("over_arch_layer_sizes", over_arch_layer_sizes)
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        dim, num_features = self.sparse_arch.D, self.sparse_arch.F
+        if dense_sizes[-1] != dim:
+            raise ConfigError(
+                f"dense_arch_layer_sizes[-1] ({dense_sizes[-1]}) must equal the tables' embedding_dim "
+                f"({dim}): the bottom MLP output is dotted with each pooled embedding"
+            )
+        self.dense_arch = DenseArch(dense_in_features, dense_sizes, device=dense_device)
+        self.inter_arch = InteractionArch(num_features, device=dense_device)
+        over_in_features = dim + num_features * (num_features + 1) // 2
+        self.over_arch = OverArch(over_in_features, over_arch_layer_sizes, device=dense_device)
+
+    def forward(self, dense_features: Tensor, sparse_features: KeyedJaggedTensor) -> Tensor:
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.sparse_arch(sparse_features)
+        concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
+        return self.over_arch(concatenated)
+
+
+class DLRMTrain(nn.Module):
+    """DLRM plus binary cross-entropy on its single logit (``torchrec.models.dlrm.DLRMTrain``).
+
+    ``forward(batch) -> (loss, (loss.detach(), logits.detach(), labels.detach()))`` with logits ``[B]``.
+    """
+
+    def __init__(self, dlrm_module: DLRM) -> None:
+        super().__init__()
+        self.model = dlrm_module
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(self, batch: Batch) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
