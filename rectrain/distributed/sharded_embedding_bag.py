@@ -21,8 +21,15 @@ from torch import Tensor, nn
 from rectrain.distributed import shard_weights
 from rectrain.distributed.data_parallel import DataParallelTables
 from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.input_dist import FeatureSelector, check_ids, send_features, to_shard_input
+from rectrain.distributed.input_dist import (
+    FeatureSelector,
+    LocalFeatures,
+    check_ids,
+    send_features,
+    to_shard_input,
+)
 from rectrain.distributed.output_dist import PooledAssembler
+from rectrain.distributed.pending import Pending
 from rectrain.distributed.routing import build_routing
 from rectrain.distributed.shard_lookup import lookup
 from rectrain.distributed.sharded_table import ShardedTable
@@ -101,6 +108,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._embedding_names = [n for names in names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._columns = self._output_columns(dp_tables)
+        self._prefetched: tuple[KeyedJaggedTensor, LocalFeatures, Pending] | None = None
 
     def _output_columns(self, dp_tables: list) -> Tensor | None:
         """Column order taking [routed outputs | data-parallel outputs] to the collection's table order."""
@@ -126,13 +134,30 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def is_weighted(self) -> bool:
         return self._is_weighted
 
+    def _start_input_dist(self, features: KeyedJaggedTensor) -> tuple[LocalFeatures, Pending]:
+        local = self._selector(features, self._is_weighted)
+        check_ids(self.routing, local, self._rows_per_feature)
+        return local, send_features(self.routing, local, self.env.pg)
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Start sending ``features``' ids to the shards now; the ``forward`` given the same KJT uses them.
+
+        Called by ``TrainPipelineSparseDist`` one batch ahead, so the input all-to-all overlaps the current
+        batch's compute. Every rank must prefetch the same batches in the same order (as a pipeline does).
+        """
+        if self.routing.features:
+            self._prefetched = (features, *self._start_input_dist(features))
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings of this rank's batch, as the unsharded collection returns them."""
         outputs = []
         if self.routing.features:
-            local = self._selector(features, self._is_weighted)
-            check_ids(self.routing, local, self._rows_per_feature)
-            lengths, values, weights, batches = send_features(self.routing, local, self.env.pg).wait()
+            if self._prefetched is not None and self._prefetched[0] is features:
+                _, local, pending = self._prefetched
+                self._prefetched = None
+            else:
+                local, pending = self._start_input_dist(features)
+            lengths, values, weights, batches = pending.wait()
             shard_input = to_shard_input(
                 len(self.routing.streams[self.env.rank]), lengths, values, weights, batches
             )
