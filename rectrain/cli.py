@@ -6,8 +6,13 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from rectrain.errors import RecTrainError
+
+if TYPE_CHECKING:
+    from rectrain.demo import DemoConfig
+    from rectrain.distributed import ShardingEnv
 
 
 def _launched_by_torchrun() -> bool:
@@ -15,11 +20,20 @@ def _launched_by_torchrun() -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rectrain.demo import DemoConfig, run_demo
-    from rectrain.distributed import init_from_env
+    from rectrain.demo import DemoConfig
 
     cfg = DemoConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
-    env = init_from_env() if _launched_by_torchrun() else None
+    if not _launched_by_torchrun():
+        return _run_demo(cfg, None)
+    from rectrain.distributed.env import torchrun_session
+
+    with torchrun_session() as env:
+        return _run_demo(cfg, env)
+
+
+def _run_demo(cfg: DemoConfig, env: ShardingEnv | None) -> int:
+    from rectrain.demo import run_demo
+
     reporting = env is None or env.rank == 0
     where = "" if env is None else f", sharded over {env.world_size} ranks ({cfg.batch_size} per rank)"
     if reporting:
@@ -59,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
     try:
-        return args.func(args)
+        code = args.func(args)
     except RecTrainError as e:
         print(f"rectrain: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    if _launched_by_torchrun():
+        from rectrain.distributed.env import exit_without_finalizing
+
+        exit_without_finalizing(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ needs: the ranks on this host, and the ranks with this local rank on every host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -106,6 +109,43 @@ def init_from_env(backend: str | None = None) -> ShardingEnv:
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     logger.info("rank %d/%d joined the %s process group", rank, world_size, backend)
     return ShardingEnv(world_size, rank, dist.group.WORLD, local_world_size)
+
+
+@contextlib.contextmanager
+def torchrun_session(backend: str | None = None) -> Iterator[ShardingEnv]:
+    """``init_from_env`` for the length of a ``with`` block, then an orderly teardown.
+
+    Every rank meets at a barrier and destroys the default group before the interpreter exits: a rank that
+    exits while its peers still talk to its gloo pairs or to the store it hosts can die in the C++ teardown
+    (``terminate called without an active exception``), which torchrun reports as a failed job.
+    """
+    owns_group = not dist.is_initialized()
+    env = init_from_env(backend)
+    failed = False
+    try:
+        yield env
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if owns_group and dist.is_initialized():
+            if not failed:  # a failed rank cannot count on its peers reaching the barrier
+                dist.barrier()
+            dist.destroy_process_group()
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """Flush and leave the process at once, skipping interpreter finalization.
+
+    A rank that ran gloo collectives can abort at exit (``terminate called without an active exception``):
+    gloo's worker thread frees the last finished works after the Python side let go of them, and freeing
+    their tensors takes the GIL, which a finalizing interpreter hands out by killing the thread. Nothing is
+    left to finalize once a rank has torn its process group down, so a distributed command ends here.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def intra_and_cross_node_pg(

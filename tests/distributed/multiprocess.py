@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.env import ShardingEnv, exit_without_finalizing
 
 
 class RankFailedError(RuntimeError):
@@ -133,3 +133,4 @@ def _worker(
         raise
     finally:
         dist.destroy_process_group()
+    exit_without_finalizing(0)

@@ -1,4 +1,4 @@
-"""Launched by test_env under ``torchrun``: joins through ``init_from_env`` and reports what it saw.
+"""Launched by test_env under ``torchrun``: joins through ``torchrun_session`` and reports what it saw.
 
 Usage: torchrun --nproc-per-node N torchrun_script.py OUT_DIR  (writes OUT_DIR/rank_<r>.json)
 """
@@ -10,11 +10,17 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rectrain.distributed import init_from_env
+from rectrain.distributed import ShardingEnv
+from rectrain.distributed.env import exit_without_finalizing, torchrun_session
 
 
 def main(out_dir: str) -> None:
-    env = init_from_env()
+    with torchrun_session() as env:
+        _report(env, out_dir)
+    exit_without_finalizing(0)
+
+
+def _report(env: ShardingEnv, out_dir: str) -> None:
     total = torch.tensor([env.rank + 1])
     dist.all_reduce(total)
     report = {
@@ -26,7 +32,6 @@ def main(out_dir: str) -> None:
         "sum": total.item(),
     }
     (pathlib.Path(out_dir) / f"rank_{env.rank}.json").write_text(json.dumps(report))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
