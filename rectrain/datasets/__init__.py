@@ -1,10 +1,12 @@
-"""Datasets yielding ready ``Batch``es (TorchRec's ``torchrec.datasets``): synthetic, Criteo TSV, MovieLens.
+"""Datasets yielding ready ``Batch``es (TorchRec's ``torchrec.datasets``): synthetic, Criteo TSV, MovieLens;
+``write_synthetic_criteo`` makes a learnable Criteo-format file.
 
 Each is an ``IterableDataset`` that batches internally, so use ``DataLoader(ds, batch_size=None,
 num_workers=N)``; every rank and worker reads its own share (see ``sharding``).
 """
 
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, DEFAULT_INT_NAMES, CriteoConfig, CriteoDataset
+from rectrain.datasets.criteo_synthetic import SyntheticCriteoSpec, write_synthetic_criteo
 from rectrain.datasets.factory import DatasetConfig, build_dataset
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset
 from rectrain.datasets.rows import MalformedRowError, RowStats
@@ -21,6 +23,8 @@ __all__ = [
     "MovieLensDataset",
     "RowStats",
     "SyntheticConfig",
+    "SyntheticCriteoSpec",
     "SyntheticDataset",
     "build_dataset",
+    "write_synthetic_criteo",
 ]
