@@ -6,8 +6,13 @@ gloo, one spawned process per rank, ``cores // world_size`` threads each. Ranks 
 temp dir (no port). The planner picks the plan; tables use fused row-wise Adagrad (lr 0.05), the dense part
 Adagrad (lr 0.05).
 
-    .venv/bin/python bench/train_throughput.py --world-size 1|2 [--steps 20] [--compare] [--profile]
+    .venv/bin/python bench/train_throughput.py --world-size 1|2 [--steps 20] [--pipeline] [--compare]
+        [--profile STEPS] [--repeats N]
 
+``--pipeline`` times the training pipelines on the same model and batches: ``TrainPipelineBase`` (the plain
+loop: load, forward, backward, step) against ``TrainPipelineSparseDist`` (the next batch's input all-to-all
+in flight during this batch's compute), and prints both and their ratio; the last line is then the pipelined
+figure. Without it the step is the hand-written loop the TorchRec script runs.
 ``--repeats N`` alternates N runs of each and reports each one's best run: on a shared machine other load only
 ever slows a run down, so the fastest is the least disturbed.
 ``--compare`` also runs the TorchRec reference (in its own venv, built by setup_peer.sh on first use) and the
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import os
 import pstats
 import subprocess
@@ -36,7 +42,8 @@ import torch.multiprocessing as mp
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
-from rectrain.models import DLRM
+from rectrain.models import DLRM, Batch, DLRMTrain
+from rectrain.train import TrainPipelineBase, TrainPipelineSparseDist
 
 T, E, D, DENSE, B, L = 8, 100_000, 64, 13, 2048, 20
 LR = 0.05
@@ -56,7 +63,9 @@ def make_batch(rank: int, step: int) -> tuple[torch.Tensor, KeyedJaggedTensor, t
     return dense, kjt, labels
 
 
-def build(env: ShardingEnv) -> tuple[DistributedModelParallel, torch.optim.Optimizer]:
+def build(
+    env: ShardingEnv, train_wrapper: bool = False
+) -> tuple[DistributedModelParallel, torch.optim.Optimizer]:
     tables = [
         EmbeddingBagConfig(name=f"t{i}", embedding_dim=D, num_embeddings=E, feature_names=[f"f{i}"])
         for i in range(T)
@@ -70,6 +79,8 @@ def build(env: ShardingEnv) -> tuple[DistributedModelParallel, torch.optim.Optim
         dense_arch_layer_sizes=[512, 256, D],
         over_arch_layer_sizes=[512, 256, 1],
     )
+    if train_wrapper:  # the pipelines call model(batch) -> (loss, ...)
+        model = DLRMTrain(model)
     dmp = DistributedModelParallel(model, env=env, device=torch.device("cpu"), batch_size=B)
     opt = torch.optim.Adagrad([p for n, p in dmp.named_parameters() if "sparse_arch" not in n], lr=LR)
     return dmp, opt
@@ -94,13 +105,10 @@ def profile_rank(step: Callable[[int], None], steps: int, rank: int) -> None:
         print(out.getvalue(), flush=True)
 
 
-def run_rank(rank: int, ws: int, steps: int, store_dir: str, profile_steps: int, out) -> None:
-    store = dist.FileStore(os.path.join(store_dir, "store"), ws)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=ws)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ws))
-    t0 = time.perf_counter()
-    dmp, opt = build(ShardingEnv.from_process_group(dist.group.WORLD))
-    setup_s = time.perf_counter() - t0
+def hand_written_step(
+    dmp: DistributedModelParallel, opt: torch.optim.Optimizer, rank: int
+) -> Callable[[int], None]:
+    """The TorchRec script's loop body over 4 cached batches."""
     lossf = torch.nn.BCEWithLogitsLoss()
     data = [make_batch(rank, s) for s in range(4)]
 
@@ -112,6 +120,32 @@ def run_rank(rank: int, ws: int, steps: int, store_dir: str, profile_steps: int,
         loss.backward()
         opt.step()
 
+    return step
+
+
+def pipeline_step(
+    dmp: DistributedModelParallel, opt: torch.optim.Optimizer, rank: int, pipelined: bool
+) -> Callable[[int], None]:
+    """One ``progress()`` of a training pipeline per call, over the same 4 cached batches, endlessly."""
+    data = [Batch(*make_batch(rank, s)) for s in range(4)]
+    batches = (data[i % 4] for i in itertools.count())
+    pipeline_type = TrainPipelineSparseDist if pipelined else TrainPipelineBase
+    pipeline = pipeline_type(dmp, opt, torch.device("cpu"))
+    return lambda i: pipeline.progress(batches)
+
+
+def run_rank(rank: int, ws: int, steps: int, store_dir: str, profile_steps: int, mode: str, out) -> None:
+    store = dist.FileStore(os.path.join(store_dir, "store"), ws)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=ws)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // ws))
+    t0 = time.perf_counter()
+    dmp, opt = build(ShardingEnv.from_process_group(dist.group.WORLD), train_wrapper=mode != "loop")
+    setup_s = time.perf_counter() - t0
+    if mode == "loop":
+        step = hand_written_step(dmp, opt, rank)
+    else:
+        step = pipeline_step(dmp, opt, rank, pipelined=mode == "pipelined")
+
     for i in range(3):
         step(i)
     dist.barrier()
@@ -121,20 +155,19 @@ def run_rank(rank: int, ws: int, steps: int, store_dir: str, profile_steps: int,
     dist.barrier()
     dt = time.perf_counter() - t
     if rank == 0:
-        plan = {
-            name: s.sharding_type.value
-            for name, s in dmp.plan.get_plan_for_module("sparse_arch.embedding_bag_collection").items()
-        }
+        path = next(iter(dmp.plan.plan))
+        plan = {name: s.sharding_type.value for name, s in dmp.plan.get_plan_for_module(path).items()}
         out.put((ws * B * steps / dt, 1e3 * dt / steps, setup_s, plan))
     if profile_steps:
         profile_rank(step, profile_steps, rank)
     dist.destroy_process_group()
 
 
-def run_ours(ws: int, steps: int, profile_steps: int) -> tuple[float, float, float, dict]:
+def run_ours(ws: int, steps: int, profile_steps: int, mode: str = "loop") -> tuple[float, float, float, dict]:
+    """(examples/s, ms/step, setup s, plan) of ``mode``: "loop" (hand-written), "plain" or "pipelined"."""
     q = mp.get_context("spawn").SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="rectrain-bench-") as tmp:
-        args = (ws, steps, tmp, profile_steps, q)
+        args = (ws, steps, tmp, profile_steps, mode, q)
         mp.start_processes(run_rank, args=args, nprocs=ws, start_method="spawn")
         return q.get()
 
@@ -159,10 +192,29 @@ def compare(ws: int, steps: int) -> tuple[float, float]:
     return last_number(peer, "torchrec train examples/s"), last_number(bound, "compute bound examples/s")
 
 
+def measure(a: argparse.Namespace, repeat: int) -> tuple[float, float | None]:
+    """One run of ours (with ``--pipeline``: plain then pipelined); prints and returns our figure."""
+    modes = ["plain", "pipelined"] if a.pipeline else ["loop"]
+    figures = {}
+    for mode in modes:
+        profile = a.profile if repeat == 0 and mode == modes[-1] else 0
+        examples_s, ms, setup_s, plan = run_ours(a.world_size, a.steps, profile, mode)
+        figures[mode] = examples_s
+        if repeat == 0 and mode == modes[0]:
+            print(f"plan: {plan}")
+        label = "" if mode == "loop" else f" ({mode})"
+        print(
+            f"rectrain train{label} {ms:.1f} ms/step, {examples_s:.0f} examples/s "
+            f"(world size {a.world_size}, batch {B}/rank, setup {setup_s:.1f} s)"
+        )
+    return figures[modes[-1]], figures.get("plain")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--pipeline", action="store_true", help="time plain vs pipelined training pipelines")
     ap.add_argument("--compare", action="store_true", help="also run TorchRec and the compute bound")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved runs of each; figures are the best")
     ap.add_argument(
@@ -171,16 +223,11 @@ def main() -> None:
     a = ap.parse_args()
     if a.world_size < 1 or a.steps < 1 or a.repeats < 1:
         ap.error("--world-size, --steps and --repeats must be >= 1")
-    ours, peers, bounds = [], [], []
+    ours, plains, peers, bounds = [], [], [], []
     for repeat in range(a.repeats):
-        examples_s, ms, setup_s, plan = run_ours(a.world_size, a.steps, a.profile if repeat == 0 else 0)
+        examples_s, plain_s = measure(a, repeat)
         ours.append(examples_s)
-        if repeat == 0:
-            print(f"plan: {plan}")
-        print(
-            f"rectrain train {ms:.1f} ms/step "
-            f"(world size {a.world_size}, batch {B}/rank, setup {setup_s:.1f} s)"
-        )
+        plains.append(plain_s)
         if a.compare:
             peer, bound = compare(a.world_size, a.steps)
             peers.append(peer)
@@ -190,6 +237,11 @@ def main() -> None:
                 f"compute bound {bound:.0f} examples/s"
             )
     ours_s = max(ours)
+    if a.pipeline:
+        plain_s = max(plains)
+        print(f"rectrain train plain examples/s {plain_s:.0f}")
+        print(f"rectrain train pipelined examples/s {ours_s:.0f}")
+        print(f"ratio pipelined vs plain {ours_s / plain_s:.2f}")
     if a.compare:
         peer_s, bound_s = max(peers), max(bounds)
         print(f"torchrec train examples/s {peer_s:.0f}")

@@ -11,3 +11,23 @@ class InvalidRequestError(RecServeError, ValueError):
 
 class OverloadedError(RecServeError):
     """The server's queue is full (maps to RESOURCE_EXHAUSTED)."""
+
+
+class PackageError(RecServeError):
+    """A model package is missing a file, fails its checksum, or has a manifest that does not parse."""
+
+
+class ExportError(RecServeError, ValueError):
+    """An export request cannot be carried out (bad dtype, table that fits no device, bad checkpoint)."""
+
+
+class AccuracyError(ExportError):
+    """The quantized model loses more accuracy than the export threshold allows (override with --force)."""
+
+
+class DeadlineExceededError(RecServeError):
+    """A request's deadline passed before its batch was computed (maps to DEADLINE_EXCEEDED)."""
+
+
+class UnavailableError(RecServeError):
+    """The server is draining or has no model loaded (maps to UNAVAILABLE)."""

@@ -55,6 +55,72 @@ def _run_demo(cfg: DemoConfig, env: ShardingEnv | None) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from rectrain.train.commands import train_command
+
+    return train_command(args, _launched_by_torchrun())
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rectrain.train.commands import plan_command
+
+    world_size = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    return plan_command(args, world_size)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rectrain.train.commands import eval_command
+
+    return eval_command(args, _launched_by_torchrun())
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from rectrain.train.commands import bench_command
+
+    return bench_command(args, _launched_by_torchrun())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text}")
+    return value
+
+
+def _config_command(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand reading ``--config run.toml`` with ``--set section.key=value`` overrides."""
+    command = sub.add_parser(name, help=help, description=help)
+    command.add_argument("--config", required=True, metavar="RUN_TOML", help="the run config (TOML)")
+    command.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train.steps=50 (repeatable; values are TOML)",
+    )
+    return command
+
+
+def _add_training_commands(sub: argparse._SubParsersAction) -> None:
+    train = _config_command(sub, "train", "train the model of a run config (alone or under torchrun)")
+    train.add_argument("--strict", action="store_true", help="stop at the first malformed data row")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    train.set_defaults(func=_train)
+    plan = _config_command(sub, "plan", "print the sharding plan of a run config without training")
+    plan.add_argument(
+        "--world-size", type=_positive_int, help="ranks to plan for (default: $WORLD_SIZE or 1)"
+    )
+    plan.add_argument("--out", metavar="PLAN_JSON", help="also write the plan as JSON (planner.plan_file)")
+    plan.set_defaults(func=_plan)
+    evaluate = _config_command(sub, "eval", "evaluate a checkpoint on the held-out split of a run config")
+    evaluate.add_argument("--checkpoint", metavar="DIR", help="checkpoint dir (default: checkpoint.dir)")
+    evaluate.add_argument("--step", type=int, help="the checkpoint step (default: the latest)")
+    evaluate.set_defaults(func=_eval)
+    bench = _config_command(sub, "bench", "time training steps of a run config and print examples/s")
+    bench.add_argument("--steps", type=_positive_int, default=20, help="timed steps (default 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    bench.set_defaults(func=_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rectrain", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -64,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=512, help="examples per step (default 512)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
+    _add_training_commands(sub)
+    from rectrain.checkpoint.cli import add_ckpt_command
+
+    add_ckpt_command(sub)
     return parser
 
 

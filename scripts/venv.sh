@@ -14,3 +14,5 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
+# gRPC stubs from protos/ (git-ignored; regenerated when a .proto is newer than its stubs)
+"$VENV/bin/python" -m recserve.server.protogen --check || "$VENV/bin/python" -m recserve.server.protogen >/dev/null

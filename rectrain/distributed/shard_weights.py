@@ -19,11 +19,13 @@ from rectrain.embedding.config import BaseEmbeddingConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
-from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 
 
 class Replicated(Protocol):
     """The data-parallel side of a sharded collection (``DataParallelTables``, ``SequenceDataParallel``)."""
+
+    tables: FusedTables
 
     @property
     def fused_optimizer(self) -> torch.optim.Optimizer: ...
@@ -89,6 +91,32 @@ def sharded_state(
                 for shard_name, shard in shard_tables_of(table, shardings[table.name], rank)
             ],
         )
+        for table in tables
+    }
+
+
+def sharded_optimizer_state(
+    prefix: str,
+    tables: Sequence[BaseEmbeddingConfig],
+    shardings: Mapping[str, ParameterSharding],
+    rank: int,
+    sharded: FusedTables | None,
+    data_parallel: Replicated | None,
+) -> dict[str, list[tuple[Shard, dict[str, Tensor]]]]:
+    """``<prefix>.<table>.weight`` -> this rank's ``(shard, {state name: view})`` of the fused optimizer.
+
+    The keys and shards are those of :func:`sharded_state`. A state is shaped like its shard
+    (``[num_rows, num_cols]``: Adagrad, Adam moments), per row (``[num_rows]``: row-wise Adagrad, one
+    accumulator per shard row, so a column shard has its own) or ``[1]`` (Adam's step). Views of the kernels'
+    storage: copying into them restores the state.
+    """
+    shard_states = sharded.table_optimizer_states() if sharded is not None else {}
+    replica_states = data_parallel.tables.table_optimizer_states() if data_parallel is not None else {}
+    return {
+        f"{prefix}.{table.name}.weight": [
+            (shard, shard_states[shard_name] if shard_name is not None else replica_states[table.name])
+            for shard_name, shard in shard_tables_of(table, shardings[table.name], rank)
+        ]
         for table in tables
     }
 

@@ -35,7 +35,7 @@ from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
-from rectrain.planner.types import ParameterSharding
+from rectrain.planner.types import ParameterSharding, Shard
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
 
@@ -166,6 +166,12 @@ class ShardedEmbeddingCollection(nn.Module):
         """``embeddings.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
         return shard_weights.sharded_state(
             "embeddings", self._tables, self._shardings, self.env.rank, self._local_weight
+        )
+
+    def sharded_optimizer_state(self) -> dict[str, list[tuple[Shard, dict[str, Tensor]]]]:
+        """``embeddings.<table>.weight`` -> this rank's shards with their fused optimizer state (views)."""
+        return shard_weights.sharded_optimizer_state(
+            "embeddings", self._tables, self._shardings, self.env.rank, self.embeddings, self.data_parallel
         )
 
     def extra_repr(self) -> str:

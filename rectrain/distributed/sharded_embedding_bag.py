@@ -39,7 +39,7 @@ from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.embedding.table_batch import pooling_mode
 from rectrain.errors import ConfigError
-from rectrain.planner.types import ParameterSharding
+from rectrain.planner.types import ParameterSharding, Shard
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 
@@ -175,6 +175,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """``embedding_bags.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
         return shard_weights.sharded_state(
             "embedding_bags", self._tables, self._shardings, self.env.rank, self._local_weight
+        )
+
+    def sharded_optimizer_state(self) -> dict[str, list[tuple[Shard, dict[str, Tensor]]]]:
+        """``embedding_bags.<table>.weight`` -> this rank's shards with their fused optimizer state."""
+        return shard_weights.sharded_optimizer_state(
+            "embedding_bags",
+            self._tables,
+            self._shardings,
+            self.env.rank,
+            self.embedding_bags,
+            self.data_parallel,
         )
 
     def extra_repr(self) -> str:

@@ -79,11 +79,19 @@ class FusedTables(nn.ModuleDict):
             for table, view in zip(batch.tables, batch.table_weights())
         }
 
-    def _optimizer_state(self) -> dict[str, dict[str, Tensor]]:
+    def table_optimizer_states(self) -> dict[str, dict[str, Tensor]]:
+        """``{table name: {state name: view}}`` of the fused optimizer's state (``momentum1``; Adam:
+        ``exp_avg``, ``exp_avg_sq``, ``step``): views of the kernel storage; copying into them restores it."""
         return {
-            self._param_key(table.name): {f"{table.name}.{name}": tensor for name, tensor in states.items()}
+            table.name: states
             for batch in self.batches
             for table, states in zip(batch.tables, batch.table_optimizer_states())
+        }
+
+    def _optimizer_state(self) -> dict[str, dict[str, Tensor]]:
+        return {
+            self._param_key(table): {f"{table}.{name}": tensor for name, tensor in states.items()}
+            for table, states in self.table_optimizer_states().items()
         }
 
     def reset_parameters(self) -> None:

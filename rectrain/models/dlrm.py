@@ -1,11 +1,13 @@
-"""DLRM (``torchrec.models.dlrm``): bottom MLP, pooled embeddings, pairwise dot interaction, top MLP.
+"""DLRM and DLRM_DCN (``torchrec.models.dlrm``): bottom MLP, pooled embeddings, interaction, top MLP.
 
     dense [B, dense_in] ── dense_arch ──► [B, D] ─┐
                                                   ├─ inter_arch ─► [B, D + F(F+1)/2] ─ over_arch ─► [B, 1]
     sparse KJT ── sparse_arch (EBC) ──► [B, F, D] ┘
 
-Module and argument names, and the state-dict layout, are TorchRec's. ``DistributedModelParallel`` replaces
-``sparse_arch.embedding_bag_collection`` with its sharded form; nothing here depends on which one it is.
+``DLRM_DCN`` replaces the dot interaction by a DCN-v2 cross net over the flattened ``[dense; sparse]``
+(``inter_arch`` output ``[B, (F + 1) D]``). Module and argument names, and the state-dict layout, are
+TorchRec's. ``DistributedModelParallel`` replaces ``sparse_arch.embedding_bag_collection`` with its sharded
+form; nothing here depends on which one it is.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
+from rectrain.models.crossnet import LowRankCrossNet
 from rectrain.models.mlp import MLP, check_layer_sizes
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -116,6 +119,24 @@ class OverArch(nn.Module):
         return self.model(features)
 
 
+def _bottom_archs(
+    embedding_bag_collection: EmbeddingBagCollection,
+    dense_in_features: int,
+    dense_arch_layer_sizes: list[int],
+    dense_device: torch.device | str | None,
+) -> tuple[SparseArch, DenseArch]:
+    """The sparse and dense archs of DLRM and DLRM_DCN, with the check that their widths agree."""
+    check_layer_sizes("dense_in_features", [dense_in_features])
+    dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
+    sparse_arch = SparseArch(embedding_bag_collection)
+    if dense_sizes[-1] != sparse_arch.D:
+        raise ConfigError(
+            f"dense_arch_layer_sizes[-1] ({dense_sizes[-1]}) must equal the tables' embedding_dim "
+            f"({sparse_arch.D}): the bottom MLP output is combined with each pooled embedding"
+        )
+    return sparse_arch, DenseArch(dense_in_features, dense_sizes, device=dense_device)
+
+
 class DLRM(nn.Module):
     """Deep Learning Recommendation Model (Naumov et al., 2019), as ``torchrec.models.dlrm.DLRM``.
 
@@ -138,17 +159,11 @@ class DLRM(nn.Module):
         dense_device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        check_layer_sizes("dense_in_features", [dense_in_features])
-        dense_sizes = check_layer_sizes("dense_arch_layer_sizes", dense_arch_layer_sizes)
         check_layer_sizes("over_arch_layer_sizes", over_arch_layer_sizes)
-        self.sparse_arch = SparseArch(embedding_bag_collection)
+        self.sparse_arch, self.dense_arch = _bottom_archs(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
+        )
         dim, num_features = self.sparse_arch.D, self.sparse_arch.F
-        if dense_sizes[-1] != dim:
-            raise ConfigError(
-                f"dense_arch_layer_sizes[-1] ({dense_sizes[-1]}) must equal the tables' embedding_dim "
-                f"({dim}): the bottom MLP output is dotted with each pooled embedding"
-            )
-        self.dense_arch = DenseArch(dense_in_features, dense_sizes, device=dense_device)
         self.inter_arch = InteractionArch(num_features, device=dense_device)
         over_in_features = dim + num_features * (num_features + 1) // 2
         self.over_arch = OverArch(over_in_features, over_arch_layer_sizes, device=dense_device)
@@ -160,18 +175,93 @@ class DLRM(nn.Module):
         return self.over_arch(concatenated)
 
 
+class InteractionDCNArch(nn.Module):
+    """DCN-v2 interaction: ``crossnet(flatten([dense; sparse_1..F]))``, ``[B, (F + 1) D]`` in and out.
+
+    As ``torchrec.models.dlrm.InteractionDCNArch``; ``crossnet`` is usually a ``LowRankCrossNet``.
+    """
+
+    def __init__(self, num_sparse_features: int, crossnet: nn.Module) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.crossnet = crossnet
+
+    def forward(self, dense_features: Tensor, sparse_features: Tensor) -> Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
+        return self.crossnet(combined.reshape(dense_features.shape[0], -1))
+
+
+class DLRM_DCN(nn.Module):  # noqa: N801 - TorchRec's name
+    """DLRM whose interaction is a low-rank DCN-v2 cross net (``torchrec.models.dlrm.DLRM_DCN``).
+
+    Arguments as ``DLRM``, plus ``dcn_num_layers`` and ``dcn_low_rank_dim`` of the ``LowRankCrossNet`` over
+    the ``(F + 1) * D`` concatenated dense and pooled sparse features; the over arch reads its output.
+    Submodule names (``sparse_arch``, ``dense_arch``, ``inter_arch.crossnet``, ``over_arch``) are TorchRec's.
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dcn_num_layers: int,
+        dcn_low_rank_dim: int,
+        dense_device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch, self.dense_arch = _bottom_archs(
+            embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
+        )
+        width = (self.sparse_arch.F + 1) * self.sparse_arch.D
+        crossnet = LowRankCrossNet(width, dcn_num_layers, dcn_low_rank_dim, device=dense_device)
+        self.inter_arch = InteractionDCNArch(self.sparse_arch.F, crossnet)
+        self.over_arch = OverArch(width, over_arch_layer_sizes, device=dense_device)
+
+    def forward(self, dense_features: Tensor, sparse_features: KeyedJaggedTensor) -> Tensor:
+        embedded_dense = self.dense_arch(dense_features)
+        embedded_sparse = self.sparse_arch(sparse_features)
+        concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
+        return self.over_arch(concatenated)
+
+
+class DLRMPrediction(nn.Module):
+    """The serving form of a ``DLRM`` or ``DLRM_DCN`` (one logit): ``forward(dense, kjt) -> logits [B]``.
+
+    Its single child is ``model``, so state-dict keys are ``model.`` + TorchRec's DLRM keys, e.g.
+    ``model.sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight``.
+    """
+
+    def __init__(self, dlrm_module: nn.Module) -> None:
+        super().__init__()
+        self.model = dlrm_module
+
+    def forward(self, dense_features: Tensor, sparse_features: KeyedJaggedTensor) -> Tensor:
+        return self.model(dense_features, sparse_features).squeeze(-1)
+
+
 class DLRMTrain(nn.Module):
     """DLRM plus binary cross-entropy on its single logit (``torchrec.models.dlrm.DLRMTrain``).
 
+    ``dlrm_module`` gives logits ``[B, 1]`` (``DLRM``, ``DLRM_DCN``) or ``[B]`` (``DLRMPrediction``).
     ``forward(batch) -> (loss, (loss.detach(), logits.detach(), labels.detach()))`` with logits ``[B]``.
+    ``.prediction_model`` is the child ``model``.
     """
 
-    def __init__(self, dlrm_module: DLRM) -> None:
+    def __init__(self, dlrm_module: nn.Module) -> None:
         super().__init__()
         self.model = dlrm_module
         self.loss_fn = nn.BCEWithLogitsLoss()
 
+    @property
+    def prediction_model(self) -> nn.Module:
+        return self.model
+
     def forward(self, batch: Batch) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
-        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        if logits.dim() == 2:  # squeeze only the logit column: a batch of one stays [1]
+            logits = logits.squeeze(-1)
         loss = self.loss_fn(logits, batch.labels.float())
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())

@@ -1,0 +1,170 @@
+"""In-process inference throughput of exported packages on the standard workload (WORKLOAD.md).
+
+Exports the workload's DLRM (8 tables x 100,000 x 64, bottom 13-512-256-64, top 512-256-1; random init as in
+the peer script) once per table dtype through ``recserve.export.export_package``, loads each package with
+``Predictor.load`` and times ``predict`` (validation, quantized FBGEMM lookups, dense part, sigmoid) at each
+batch size, on the peer script's request (ids per feature uniform 1..39, ids uniform over the table).
+
+    .venv/bin/python bench/infer_throughput.py --dtype int8 --batch 512 [--dtypes int8,int4,fp16,fp32]
+        [--batches 1,64,512,2048] [--seconds 1.0] [--repeats 3] [--no-peer] [--compile]
+
+The peer, ``/work/shared/bench/peer_torchrec_infer.py`` (TorchRec's quantized DLRM, its venv built by
+setup_peer.sh on first use), runs ``--repeats`` times alternating with our run at ``--dtype`` and
+``--batch``; each side reports its best run (on a shared machine other load only slows a run down).
+``--compile`` also times the dense part under ``torch.compile``. Also prints package size and accuracy per
+dtype. Last line:
+``rectrain <dtype> infer examples/s <N>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from recserve.export import export_package, synthetic_sample
+from recserve.runtime import Predictor, read_manifest
+from rectrain import EmbeddingBagConfig, KeyedJaggedTensor
+from rectrain.models import build_model
+from rectrain.models.config import ModelConfig
+
+T, E, D, DENSE, L = 8, 100_000, 64, 13, 20
+SHARED_BENCH = Path(os.environ.get("RECTRAIN_SHARED_BENCH", "/work/shared/bench"))
+
+
+def workload_config() -> ModelConfig:
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", num_embeddings=E, embedding_dim=D, feature_names=[f"f{i}"])
+        for i in range(T)
+    ]
+    return ModelConfig(
+        kind="dlrm",
+        tables=tables,
+        dense_in_features=DENSE,
+        dense_arch_layer_sizes=[512, 256, D],
+        over_arch_layer_sizes=[512, 256, 1],
+    )
+
+
+def make_request(batch: int) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    """The peer script's request, draw for draw."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 2 * L, (T * batch,), generator=g)
+    values = torch.randint(0, E, (int(lengths.sum()),), generator=g)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f{i}" for i in range(T)], values=values, lengths=lengths
+    )
+    return torch.randn(batch, DENSE, generator=g), kjt
+
+
+def examples_per_second(predictor: Predictor, batch: int, seconds: float) -> float:
+    dense, kjt = make_request(batch)
+    for _ in range(3):
+        predictor.predict(dense, kjt)
+    runs, start = 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - start < seconds:
+        predictor.predict(dense, kjt)
+        runs += 1
+    return batch * runs / (time.perf_counter() - start)
+
+
+def peer_examples_per_second(batch: int) -> float | None:
+    try:
+        venv = subprocess.run(
+            ["bash", str(SHARED_BENCH / "setup_peer.sh")], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        out = subprocess.run(
+            [f"{venv}/bin/python", str(SHARED_BENCH / "peer_torchrec_infer.py"), "--batch", str(batch)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    except (subprocess.CalledProcessError, OSError) as error:
+        print(f"peer unavailable: {error}", file=sys.stderr)
+        return None
+    return float(out.strip().splitlines()[-1].split()[-1])
+
+
+def export_all(root: Path, dtypes: list[str]) -> dict[str, Path]:
+    cfg = workload_config()
+    torch.manual_seed(0)
+    state = build_model(cfg).state_dict()
+    sample = synthetic_sample(cfg, num_examples=2048, ids_per_feature=(1, 2 * L - 1))
+    packages = {}
+    for dtype in dtypes:
+        started = time.perf_counter()
+        packages[dtype] = export_package(
+            root / dtype, model_config=cfg, state_dict=state, dtype=dtype, accuracy_sample=sample, force=True
+        )
+        print(f"exported {dtype} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return packages
+
+
+def print_packages(packages: dict[str, Path]) -> None:
+    print(f"{'tables':<7} {'package MiB':>12} {'max|dlogit|':>12} {'mean|dlogit|':>13} {'AUC diff':>9}")
+    for dtype, path in packages.items():
+        manifest = read_manifest(path)
+        size = sum(f["bytes"] for f in manifest.files.values()) / 2**20
+        acc = manifest.accuracy["package"]
+        print(
+            f"{dtype:<7} {size:>12.1f} {acc['max_abs_logit_diff']:>12.2e} "
+            f"{acc['mean_abs_logit_diff']:>13.2e} {acc['auc_diff']:>+9.5f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dtype", default="int8")
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--dtypes", default="int8,int4,fp16,fp32")
+    parser.add_argument("--batches", default="1,64,512,2048")
+    parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per point")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the dense part")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    dtypes = list(dict.fromkeys([args.dtype, *args.dtypes.split(",")]))
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
+        packages = export_all(Path(tmp), dtypes)
+        print_packages(packages)
+        predictors = {dtype: Predictor.load(path) for dtype, path in packages.items()}
+        print(f"\nexamples/s (best of {args.repeats}), {torch.get_num_threads()} threads")
+        print(f"{'tables':<7}" + "".join(f"{f'batch {b}':>13}" for b in batches))
+        for dtype, predictor in predictors.items():
+            best = [
+                max(examples_per_second(predictor, b, args.seconds) for _ in range(args.repeats))
+                for b in batches
+            ]
+            print(f"{dtype:<7}" + "".join(f"{x:>13,.0f}" for x in best))
+        ours, peer = [], []
+        for _ in range(args.repeats):  # alternate, so both sides see the same machine load
+            ours.append(examples_per_second(predictors[args.dtype], args.batch, args.seconds))
+            if not args.no_peer:
+                peer.append(peer_examples_per_second(args.batch) or 0.0)
+        print(f"\nbatch {args.batch}, {args.dtype}: rectrain {max(ours):,.0f} examples/s", end="")
+        if peer and max(peer) > 0:
+            print(f", TorchRec {max(peer):,.0f} examples/s, ratio {max(ours) / max(peer):.2f}x")
+        else:
+            print()
+        if args.compile:
+            compiled = Predictor.load(packages[args.dtype], compile_dense=True)
+            started = time.perf_counter()
+            examples_per_second(compiled, args.batch, 0.0)
+            print(f"torch.compile of the dense part: {time.perf_counter() - started:.0f} s to compile")
+            best = max(examples_per_second(compiled, args.batch, args.seconds) for _ in range(args.repeats))
+            print(f"compiled dense: {best:,.0f} examples/s ({best / max(ours):.2f}x eager)")
+    print(f"rectrain {args.dtype} infer examples/s {max(ours):.0f}")
+
+
+if __name__ == "__main__":
+    main()

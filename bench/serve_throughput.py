@@ -1,0 +1,136 @@
+"""Served throughput and latency of the standard workload (WORKLOAD.md) over gRPC vs the in-process predictor.
+
+Exports the standard DLRM (8 tables x 100k x 64, int8 tables, fp32 dense; seeded random weights) to a temp
+package, measures ``Predictor.predict`` at batch 512 in process, then starts ``recserve serve`` in its own
+process(es) and drives it with the load generator (request batch 64, closed loop) on the same machine.
+
+    .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers 1]
+        [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2]
+
+Goal (issue 7): served examples/s >= 50% of in-process at batch 512, with p99 <= 25 ms.
+The last line is ``recserve served examples/s <N> p99_ms <P> ratio <R>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from recserve.client import PredictorClient
+from recserve.client.loadgen import LoadgenConfig, format_table, run_loadgen, sweep
+from recserve.export import export_package
+from recserve.runtime import Predictor
+from rectrain import EmbeddingBagConfig
+from rectrain.models import build_model
+from rectrain.models.config import ModelConfig
+from rectrain.sparse import KeyedJaggedTensor
+
+T, E, D, DENSE, L = 8, 100_000, 64, 13, 20
+
+
+def export_standard(out: Path) -> Path:
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", num_embeddings=E, embedding_dim=D, feature_names=[f"f{i}"])
+        for i in range(T)
+    ]
+    cfg = ModelConfig(
+        kind="dlrm",
+        tables=tables,
+        dense_in_features=DENSE,
+        dense_arch_layer_sizes=[512, 256, D],
+        over_arch_layer_sizes=[512, 256, 1],
+    )
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    return export_package(out, model_config=cfg, state_dict=model.state_dict(), model_name="dlrm", force=True)
+
+
+def in_process_examples_per_s(package: Path, batch: int = 512, iters: int = 50) -> float:
+    predictor = Predictor.load(package)
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 2 * L, (T * batch,), generator=g)
+    values = torch.randint(0, E, (int(lengths.sum()),), generator=g)
+    kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(T)], values=values, lengths=lengths)
+    dense = torch.randn(batch, DENSE, generator=g)
+    for _ in range(5):
+        predictor.predict(dense, kjt)
+    start = time.perf_counter()
+    for _ in range(iters):
+        predictor.predict(dense, kjt)
+    return batch * iters / (time.perf_counter() - start)
+
+
+def start_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
+    cmd += [
+        "--metrics-port",
+        "-1",
+        "--workers",
+        str(args.workers),
+        "--max-batch-size",
+        str(args.max_batch_size),
+    ]
+    cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms)]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    client = PredictorClient(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if client.health(timeout=1) == "SERVING":
+                return proc
+        except Exception:  # not listening yet
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("server did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--batch", type=int, default=64, help="examples per request")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--max-batch-size", type=int, default=512)
+    ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    ap.add_argument("--sweep", default="", help="also sweep these concurrency levels (5 s each)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
+        package = export_standard(Path(tmp) / "pkg")
+        torch.set_num_threads(os.cpu_count() or 1)
+        inproc = in_process_examples_per_s(package)
+        print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = start_server(package, port, args)
+        try:
+            cfg = LoadgenConfig(
+                f"127.0.0.1:{port}", args.concurrency, args.duration, args.batch, warmup_s=2.0
+            )
+            result = run_loadgen(cfg)
+            print(result.summary())
+            if args.sweep:
+                levels = [int(c) for c in args.sweep.split(",")]
+                short = LoadgenConfig(cfg.target, duration_s=5.0, request_batch=args.batch, warmup_s=1.0)
+                print(format_table(sweep(short, levels)))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    ratio = result.examples_per_s / inproc
+    p99 = result.percentile_ms(99)
+    goal = "met" if ratio >= 0.5 and p99 <= 25 else "NOT met"
+    print(f"served / in-process = {ratio:.2f} (goal >= 0.50), p99 {p99:.1f} ms (goal <= 25 ms): goal {goal}")
+    print(f"recserve served examples/s {result.examples_per_s:.0f} p99_ms {p99:.2f} ratio {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

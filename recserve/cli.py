@@ -1,0 +1,38 @@
+"""The ``recserve`` command line: ``export``, and the server's ``serve`` / ``query`` / ``loadgen``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from recserve.errors import RecServeError
+from recserve.export.cli import add_export_command
+from recserve.server.cli import add_serve_commands
+from rectrain.errors import RecTrainError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recserve", description="Export and serve rectrain models.")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_export_command(subparsers)
+    add_serve_commands(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return args.func(args)
+    except (RecServeError, RecTrainError) as error:
+        print(f"recserve {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

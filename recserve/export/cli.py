@@ -1,0 +1,123 @@
+"""``recserve export``: a training checkpoint (any world size) -> a model package."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import ExportError
+from recserve.export.exporter import DEFAULT_MAX_AUC_DROP, export_package
+from recserve.runtime.layout import TableDType
+from recserve.runtime.package import read_manifest
+from recserve.runtime.predictor import DENSE_DTYPES
+
+logger = logging.getLogger(__name__)
+
+
+def add_export_command(subparsers: Any) -> None:
+    """Register ``export`` on the ``recserve`` parser's subcommands."""
+    dtypes = [d.value for d in TableDType]
+    parser = subparsers.add_parser(
+        "export",
+        help="quantize a training checkpoint into a model package",
+        description="Read a checkpoint of any world size, quantize its tables row-wise, place them on the "
+        "serving devices, check accuracy against fp32 and write a model package.",
+    )
+    parser.add_argument("--checkpoint", required=True, help="checkpoint root (or one step_<N> directory)")
+    parser.add_argument("--out", required=True, help="package directory to create")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    parser.add_argument("--dtype", default="int8", choices=dtypes, help="storage of every table")
+    parser.add_argument(
+        "--table-dtype",
+        action="append",
+        default=[],
+        metavar="TABLE=DTYPE",
+        help="storage of one table, e.g. t3=int4 (repeatable)",
+    )
+    parser.add_argument("--dense-dtype", default="fp32", choices=list(DENSE_DTYPES))
+    parser.add_argument(
+        "--devices", default="cpu", help="serving devices, comma-separated: cpu | cuda:0,cuda:1 | cpu:0,cpu:1"
+    )
+    parser.add_argument("--model-name", default="model")
+    parser.add_argument("--version", default="1")
+    parser.add_argument(
+        "--max-auc-drop",
+        type=float,
+        default=DEFAULT_MAX_AUC_DROP,
+        help="refuse when quantization costs more AUC than this (default %(default)s)",
+    )
+    parser.add_argument("--force", action="store_true", help="export even above --max-auc-drop")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing package at --out")
+    parser.set_defaults(func=run_export)
+
+
+def parse_table_dtypes(items: list[str]) -> dict[str, str]:
+    """``["t3=int4", ...]`` -> ``{"t3": "int4"}``; ExportError naming the malformed item."""
+    result = {}
+    for item in items:
+        name, sep, dtype = item.partition("=")
+        if not sep or not name or not dtype:
+            raise ExportError(f"--table-dtype {item!r}: expected TABLE=DTYPE, e.g. t3=int4")
+        result[name.strip()] = dtype.strip()
+    return result
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from rectrain.checkpoint import load_full_state
+    from rectrain.errors import ConfigError
+    from rectrain.models.config import ModelConfig
+
+    manifest, state = load_full_state(args.checkpoint, step=args.step)
+    if manifest.model_config is None:
+        raise ExportError(
+            f"{args.checkpoint}: the checkpoint records no model_config; save it with "
+            "save_checkpoint(..., model_config=cfg) so that export knows the architecture"
+        )
+    try:
+        cfg = ModelConfig.from_dict(manifest.model_config, where=f"{args.checkpoint}: model_config")
+    except ConfigError as error:
+        raise ExportError(str(error)) from None
+    source = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": manifest.step}
+    source["world_size"] = manifest.world_size
+    path = export_package(
+        args.out,
+        model_config=cfg,
+        state_dict=state,
+        dtype=args.dtype,
+        table_dtypes=parse_table_dtypes(args.table_dtype),
+        dense_dtype=args.dense_dtype,
+        devices=[d for d in args.devices.split(",") if d.strip()],
+        model_name=args.model_name,
+        version=args.version,
+        source=source,
+        max_auc_drop=args.max_auc_drop,
+        force=args.force,
+        overwrite=args.overwrite,
+    )
+    _print_summary(path)
+    return 0
+
+
+def _print_summary(path: Path) -> None:
+    package = read_manifest(path)
+    total = sum(entry["bytes"] for entry in package.files.values())
+    source = package.source or {}
+    where = f"step {source.get('step')} of {source.get('checkpoint')}"
+    print(f"wrote {path} ({total / 2**20:.1f} MiB) from {where}")
+    for table in package.tables:
+        placed = package.placement.shards_of(table.name)
+        shards = ", ".join(f"{s.device}[{s.row_start}:{s.row_end}]" for s in placed)
+        print(f"  {table.name}: {table.dtype.value}, {table.nbytes / 2**20:.2f} MiB on {shards}")
+    report = package.accuracy or {}
+    print(f"accuracy vs fp32 on {report['sample']['examples']} examples (fp32 AUC {report['fp32_auc']:.4f}):")
+    print(f"  {'tables':<8} {'max|dlogit|':>12} {'mean|dlogit|':>13} {'AUC diff':>10}")
+    rows = {"package": report["package"], **report["by_dtype"]}
+    for name, row in rows.items():
+        print(
+            f"  {name:<8} {row['max_abs_logit_diff']:>12.2e} {row['mean_abs_logit_diff']:>13.2e} "
+            f"{row['auc_diff']:>+10.5f}"
+        )
+    if report.get("forced"):
+        print(f"WARNING: AUC drop above --max-auc-drop {report['max_auc_drop']}; exported because of --force")

@@ -1,0 +1,100 @@
+"""The serving row layout of a quantized table, shared by export (writes it) and the runtime (reads it).
+
+A table is two uint8 tensors: ``weights [rows, dim * bits / 8]`` (packed integer codes; for fp16/fp32 the raw
+little-endian bytes of each row) and, for the integer types, ``scale_bias [rows, 4]`` (fp16 scale then fp16
+bias of each row); a row dequantizes as ``scale * code + bias``. This is the row layout of FBGEMM's
+``IntNBitTableBatchedEmbeddingBagsCodegen`` (scale/bias kept apart from the codes, as its
+``assign_embedding_weights`` takes them), so the package bytes are the kernel's bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, unique
+
+from fbgemm_gpu.split_embedding_configs import SparseType
+from torch import Tensor
+
+from recserve.errors import ExportError
+
+SCALE_BIAS_BYTES = 4  # fp16 scale + fp16 bias per row
+
+
+@unique
+class TableDType(Enum):
+    """Storage type of a serving table (the names used on the command line and in the manifest)."""
+
+    INT8 = "int8"
+    INT4 = "int4"
+    INT2 = "int2"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def bits(self) -> int:
+        return {"int8": 8, "int4": 4, "int2": 2, "fp16": 16, "fp32": 32}[self.value]
+
+    @property
+    def is_integer(self) -> bool:
+        return self.bits <= 8
+
+    @property
+    def sparse_type(self) -> SparseType:
+        """FBGEMM's name for this storage type."""
+        return SparseType(self.value)
+
+    @classmethod
+    def parse(cls, value: str | TableDType, where: str = "dtype") -> TableDType:
+        """``value`` as a TableDType, or an ExportError naming ``where`` and the choices."""
+        if isinstance(value, TableDType):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            choices = ", ".join(d.value for d in cls)
+            raise ExportError(f"{where}: unknown table dtype {value!r}; choose one of {choices}") from None
+
+
+def row_bytes(dim: int, dtype: TableDType) -> int:
+    """Bytes of one stored row (codes plus scale/bias), before any kernel alignment padding."""
+    return dim * dtype.bits // 8 + (SCALE_BIAS_BYTES if dtype.is_integer else 0)
+
+
+@dataclass
+class QuantizedTable:
+    """One table (or row range of one) in serving layout."""
+
+    weights: Tensor
+    scale_bias: Tensor | None
+    dtype: TableDType
+    embedding_dim: int
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.numel() + (0 if self.scale_bias is None else self.scale_bias.numel())
+
+    def rows(self, start: int, end: int) -> QuantizedTable:
+        """Rows ``[start, end)`` as their own table (a row-wise serving shard); views, no copy."""
+        scale_bias = None if self.scale_bias is None else self.scale_bias[start:end]
+        return QuantizedTable(self.weights[start:end], scale_bias, self.dtype, self.embedding_dim)
+
+    def check(self, where: str) -> None:
+        """Raise ValueError naming ``where`` unless the tensors have the shapes the dtype implies."""
+        width = self.embedding_dim * self.dtype.bits // 8
+        ok = self.weights.dim() == 2 and self.weights.shape[1] == width
+        if self.dtype.is_integer:
+            sb = self.scale_bias
+            ok = ok and sb is not None and tuple(sb.shape) == (self.weights.shape[0], SCALE_BIAS_BYTES)
+        else:
+            ok = ok and self.scale_bias is None
+        if not ok:
+            sb_shape = None if self.scale_bias is None else tuple(self.scale_bias.shape)
+            raise ValueError(
+                f"{where}: {self.dtype.value} table of dim {self.embedding_dim} needs weights [rows, {width}]"
+                f"{' and scale_bias [rows, 4]' if self.dtype.is_integer else ''}; got weights "
+                f"{tuple(self.weights.shape)}, scale_bias {sb_shape}"
+            )

@@ -1,0 +1,226 @@
+"""The model package on disk: ``manifest.json`` plus safetensors files (see docs/package-format.md).
+
+    <package>/manifest.json              format version, model config, features, tables, placement, checksums
+    <package>/dense.safetensors          the dense part's state dict (prediction-module names)
+    <package>/embeddings_<i>.safetensors the table shards served by placement device i
+
+Shard ``table[start:end]`` is stored as ``"table[start:end].weights"`` and, for integer dtypes,
+``"table[start:end].scale_bias"`` in the file of its device. Nothing is pickled and no code is stored: the
+runtime rebuilds the model from ``model_config``. This module reads and verifies; ``recserve.export`` writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from recserve.errors import PackageError
+from recserve.runtime.layout import QuantizedTable, TableDType
+from recserve.runtime.placement import ServingPlacement, TableShard
+
+FORMAT_NAME = "recserve-model-package"
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+DENSE_FILE = "dense.safetensors"
+
+
+def embeddings_file(device_index: int) -> str:
+    return f"embeddings_{device_index}.safetensors"
+
+
+def weights_key(shard: TableShard) -> str:
+    return f"{shard.label}.weights"
+
+
+def scale_bias_key(shard: TableShard) -> str:
+    return f"{shard.label}.scale_bias"
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One table as served: its config fields the runtime needs and its storage dtype and size."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    dtype: TableDType
+    nbytes: int
+
+
+@dataclass
+class PackageManifest:
+    """The parsed ``manifest.json``. ``files`` maps each file name to ``{"sha256": hex, "bytes": n}``."""
+
+    model_name: str
+    version: str
+    model_config: dict[str, Any]
+    feature_names: list[str]
+    weighted_features: list[str]
+    dense_in_features: int
+    dense_dtype: str
+    tables: list[TableEntry]
+    placement: ServingPlacement
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+    format_version: int = FORMAT_VERSION
+
+    def table(self, name: str) -> TableEntry:
+        return next(entry for entry in self.tables if entry.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "model_name": self.model_name,
+            "version": self.version,
+            "model_config": self.model_config,
+            "feature_names": list(self.feature_names),
+            "weighted_features": list(self.weighted_features),
+            "dense_in_features": self.dense_in_features,
+            "dense_dtype": self.dense_dtype,
+            "tables": [
+                {
+                    "name": t.name,
+                    "num_embeddings": t.num_embeddings,
+                    "embedding_dim": t.embedding_dim,
+                    "dtype": t.dtype.value,
+                    "bytes": t.nbytes,
+                }
+                for t in self.tables
+            ],
+            "placement": self.placement.to_dict(),
+            "source": self.source,
+            "accuracy": self.accuracy,
+            "files": self.files,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = MANIFEST_FILE) -> PackageManifest:
+        """Parse a manifest; PackageError naming ``where`` and the key on anything missing or malformed."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise PackageError(
+                f"{where}: not a recserve model package manifest (no 'format': {FORMAT_NAME!r})"
+            )
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise PackageError(
+                f"{where}: format_version {version!r} is not supported by this recserve (reads "
+                f"{FORMAT_VERSION}); re-export the package with this version"
+            )
+        try:
+            tables = [
+                TableEntry(
+                    str(t["name"]),
+                    int(t["num_embeddings"]),
+                    int(t["embedding_dim"]),
+                    TableDType(t["dtype"]),
+                    int(t["bytes"]),
+                )
+                for t in data["tables"]
+            ]
+            return cls(
+                model_name=str(data["model_name"]),
+                version=str(data["version"]),
+                model_config=dict(data["model_config"]),
+                feature_names=[str(f) for f in data["feature_names"]],
+                weighted_features=[str(f) for f in data["weighted_features"]],
+                dense_in_features=int(data["dense_in_features"]),
+                dense_dtype=str(data["dense_dtype"]),
+                tables=tables,
+                placement=ServingPlacement.from_dict(data["placement"], f"{where}: placement"),
+                files={str(k): dict(v) for k, v in data["files"].items()},
+                source=data.get("source"),
+                accuracy=data.get("accuracy"),
+            )
+        except KeyError as error:
+            raise PackageError(f"{where}: missing key {error.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as error:
+            raise PackageError(f"{where}: malformed manifest ({error})") from None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(package_dir: str | Path) -> PackageManifest:
+    """The package's manifest, parsed; PackageError naming the file if it is missing or malformed."""
+    path = Path(package_dir) / MANIFEST_FILE
+    if not Path(package_dir).is_dir():
+        raise PackageError(f"{package_dir}: model package directory does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PackageError(f"{path}: missing; a model package needs its manifest.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PackageError(f"{path}: not valid JSON ({error})") from None
+    return PackageManifest.from_dict(data, where=str(path))
+
+
+def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
+    """Check that every file the manifest lists exists with its recorded size and sha256."""
+    for name, entry in manifest.files.items():
+        path = Path(package_dir) / name
+        if not path.is_file():
+            raise PackageError(f"{path}: missing (listed in {MANIFEST_FILE})")
+        size = path.stat().st_size
+        if size != entry.get("bytes"):
+            raise PackageError(f"{path}: {size} bytes, but {MANIFEST_FILE} records {entry.get('bytes')}")
+        digest = sha256_file(path)
+        if digest != entry.get("sha256"):
+            raise PackageError(
+                f"{path}: sha256 {digest} does not match {MANIFEST_FILE} ({entry.get('sha256')}); the file "
+                "is corrupt or was changed after export"
+            )
+
+
+def _load(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
+
+
+def _take(tensors: dict[str, Tensor], key: str, path: Path) -> Tensor:
+    if key not in tensors:
+        raise PackageError(f"{path}: has no tensor {key!r}")
+    return tensors[key]
+
+
+def load_shards(package_dir: str | Path, manifest: PackageManifest) -> dict[TableShard, QuantizedTable]:
+    """Every table shard of the package, in serving layout, on CPU."""
+    shards: dict[TableShard, QuantizedTable] = {}
+    for index, device in enumerate(manifest.placement.devices):
+        on_device = [s for s in manifest.placement.shards if s.device == device]
+        if not on_device:
+            continue
+        path = Path(package_dir) / embeddings_file(index)
+        tensors = _load(path)
+        for shard in on_device:
+            entry = manifest.table(shard.table)
+            scale_bias = _take(tensors, scale_bias_key(shard), path) if entry.dtype.is_integer else None
+            table = QuantizedTable(
+                _take(tensors, weights_key(shard), path), scale_bias, entry.dtype, entry.embedding_dim
+            )
+            try:
+                table.check(f"{path}: {shard.label}")
+            except ValueError as error:
+                raise PackageError(str(error)) from None
+            shards[shard] = table
+    return shards
+
+
+def load_dense(package_dir: str | Path) -> dict[str, Tensor]:
+    """The dense part's state dict (prediction-module names)."""
+    return _load(Path(package_dir) / DENSE_FILE)

@@ -1,0 +1,190 @@
+"""``Predictor``: a loaded model package that scores batches in process.
+
+    predictor = Predictor.load("pkg/")            # verifies checksums, builds kernels and the dense part
+    scores = predictor.predict(dense, kjt)        # [B] float32, sigmoid of the logits
+
+``predict`` may be called from several threads at once: it runs under ``torch.inference_mode`` and the model
+keeps no per-call state (the FBGEMM int-N kernels read their weights only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from recserve.errors import PackageError
+from recserve.runtime.assembly import build_skeleton, compile_dense_part, replace_module
+from recserve.runtime.layout import QuantizedTable
+from recserve.runtime.package import (
+    DENSE_FILE,
+    MANIFEST_FILE,
+    load_dense,
+    load_shards,
+    read_manifest,
+    verify_files,
+)
+from recserve.runtime.placement import ServingPlacement, TableShard
+from recserve.runtime.quant_embedding import QuantEmbeddingBagCollection
+from recserve.runtime.validation import RequestValidator
+from rectrain.errors import ConfigError
+from rectrain.models.config import ModelConfig
+from rectrain.sparse import KeyedJaggedTensor
+
+logger = logging.getLogger(__name__)
+
+DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PackageMetadata:
+    """What a client needs to know to build requests, and what the server reports."""
+
+    model_name: str
+    version: str
+    feature_names: list[str]
+    dense_in_features: int
+    num_embeddings: dict[str, int]  # per feature: ids must lie in [0, n)
+    weighted_features: list[str]
+    table_dtypes: dict[str, str]
+
+
+def metadata_for(
+    cfg: ModelConfig, table_dtypes: Mapping[str, str], model_name: str = "model", version: str = "1"
+) -> PackageMetadata:
+    """The metadata of a model of ``cfg`` with tables stored as ``table_dtypes``."""
+    rows: dict[str, int] = {}
+    for table in cfg.tables:
+        for feature in table.feature_names:
+            # A feature read by several tables must be valid for each: its limit is the smallest table.
+            rows[feature] = min(rows.get(feature, table.num_embeddings), table.num_embeddings)
+    features = list(rows)
+    return PackageMetadata(
+        model_name=model_name,
+        version=version,
+        feature_names=features,
+        dense_in_features=cfg.dense_in_features,
+        num_embeddings={f: rows[f] for f in features},
+        weighted_features=[],
+        table_dtypes=dict(table_dtypes),
+    )
+
+
+class Predictor:
+    """A serving model: quantized lookups on their devices plus the dense part, behind ``predict``."""
+
+    def __init__(self, model: nn.Module, metadata: PackageMetadata, device: torch.device, dtype: torch.dtype):
+        self.model = model
+        self._metadata = metadata
+        self.device = device
+        self.dtype = dtype
+        self._validator = RequestValidator(metadata.dense_in_features, metadata.num_embeddings)
+
+    @property
+    def metadata(self) -> PackageMetadata:
+        return self._metadata
+
+    @classmethod
+    def build(
+        cls,
+        cfg: ModelConfig,
+        shards: Mapping[TableShard, QuantizedTable],
+        placement: ServingPlacement,
+        dense_state: Mapping[str, Tensor],
+        *,
+        metadata: PackageMetadata,
+        dense_dtype: str = "fp32",
+        device: torch.device | str = "cpu",
+        compile_dense: bool = False,
+    ) -> Predictor:
+        """Assemble a predictor from parts in memory (what ``load`` reads from a package).
+
+        ``compile_dense`` runs the dense layers through ``torch.compile`` (first batches take seconds to
+        compile; see the benchmark for whether it pays on your hardware).
+        """
+        device = torch.device(device)
+        dtype = DENSE_DTYPES[dense_dtype]
+        model, ebc_path = build_skeleton(cfg, device)
+        lookups = QuantEmbeddingBagCollection(
+            cfg.tables, shards, placement, device=device, output_dtype=dtype, bounds_check=False
+        )
+        replace_module(model, ebc_path, lookups)
+        model.load_state_dict(dict(dense_state), strict=True)
+        model.to(dtype).eval()
+        if compile_dense:
+            logger.info("compiled dense modules %s", compile_dense_part(model, ebc_path))
+        return cls(model, metadata, device, dtype)
+
+    @classmethod
+    def load(
+        cls,
+        package_dir: str | Path,
+        device: torch.device | str = "cpu",
+        *,
+        verify: bool = True,
+        compile_dense: bool = False,
+    ) -> Predictor:
+        """Load a package: check every file's sha256 (unless ``verify=False``), then build the model.
+
+        ``device`` runs the dense part and every lookup device of the package's placement whose type
+        differs (a package exported for several GPUs also loads on one CPU). Raises ``PackageError`` naming
+        the file that is missing, corrupt or inconsistent.
+        """
+        started = time.perf_counter()
+        manifest = read_manifest(package_dir)
+        if verify:
+            verify_files(package_dir, manifest)
+        where = f"{Path(package_dir) / MANIFEST_FILE}: model_config"
+        try:
+            cfg = ModelConfig.from_dict(manifest.model_config, where=where)
+        except ConfigError as error:
+            raise PackageError(str(error)) from None
+        if manifest.dense_dtype not in DENSE_DTYPES:
+            raise PackageError(
+                f"{where}: dense_dtype {manifest.dense_dtype!r} is not one of {list(DENSE_DTYPES)}"
+            )
+        metadata = metadata_for(
+            cfg, {t.name: t.dtype.value for t in manifest.tables}, manifest.model_name, manifest.version
+        )
+        shards = load_shards(package_dir, manifest)
+        try:
+            predictor = cls.build(
+                cfg,
+                shards,
+                manifest.placement,
+                load_dense(package_dir),
+                metadata=metadata,
+                dense_dtype=manifest.dense_dtype,
+                device=device,
+                compile_dense=compile_dense,
+            )
+        except RuntimeError as error:  # load_state_dict: keys or shapes that do not fit the config
+            raise PackageError(
+                f"{Path(package_dir) / DENSE_FILE}: does not fit model_config ({error})"
+            ) from None
+        logger.info(
+            "loaded %s version %s from %s in %.2f s",
+            manifest.model_name,
+            manifest.version,
+            package_dir,
+            time.perf_counter() - started,
+        )
+        return predictor
+
+    def predict_logits(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
+        """Logits ``[B]`` float32 on CPU; InvalidRequestError on a malformed batch."""
+        batch = self._validator.check(dense, kjt)
+        if batch == 0:
+            return torch.empty(0)
+        with torch.inference_mode():
+            logits = self.model(dense.to(self.device, self.dtype), kjt)
+            return logits.reshape(batch).float().cpu()
+
+    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
+        """Scores ``[B]`` float32 on CPU: the sigmoid of the model's logits."""
+        return torch.sigmoid(self.predict_logits(dense, kjt))

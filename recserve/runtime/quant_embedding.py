@@ -1,0 +1,267 @@
+"""``QuantEmbeddingBagCollection``: pooled lookups of quantized tables placed over serving devices.
+
+Each serving device runs one FBGEMM ``IntNBitTableBatchedEmbeddingBagsCodegen`` per pooling mode holding the
+table shards placed there (int8/int4/int2/fp16/fp32 rows may mix in one kernel). A KJT is routed once into
+per-kernel inputs; ids of a row-wise shard are filtered to its row range and re-based. The kernel outputs are
+gathered on the output device and put in table order; partial sums of a split table are added (its MEAN
+pooling is done as SUM and divided by the whole bag length afterwards).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    EmbeddingLocation,
+    PoolingMode,
+)
+from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
+from torch import Tensor, nn
+
+from recserve.runtime.layout import QuantizedTable
+from recserve.runtime.placement import ServingPlacement, TableShard
+from rectrain.embedding import EmbeddingBagConfig, PoolingType
+from rectrain.embedding.feature_routing import FeatureRouter, KJTLike, TBEInput, feature_positions
+from rectrain.embedding.layout import get_embedding_names_by_table
+from rectrain.embedding.pooling import divide_by_bag_lengths
+from rectrain.sparse import KeyedTensor
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_TYPES = {
+    torch.float32: SparseType.FP32,
+    torch.float16: SparseType.FP16,
+    torch.bfloat16: SparseType.BF16,
+}
+_Piece = tuple[TableShard, EmbeddingBagConfig, QuantizedTable]  # a shard, its table, its rows
+
+
+def physical_device(logical: str, default: torch.device) -> torch.device:
+    """The torch device a logical serving device runs on.
+
+    Logical ``cpu:N`` devices all run on the host; a device of another type than ``default`` (a cuda package
+    loaded on cpu, or the reverse) runs on ``default``.
+    """
+    device = torch.device(logical)
+    if device.type != default.type:
+        return default
+    return torch.device("cpu") if device.type == "cpu" else device
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One feature of one shard inside a kernel, and where its pooled output goes."""
+
+    feature: str
+    column: int  # first output column of its embedding (table order)
+    dim: int
+    row_start: int
+    row_end: int
+
+
+class _ShardLookup:
+    """One FBGEMM int-N TBE over the shards that one device serves with one pooling mode."""
+
+    def __init__(
+        self,
+        shards: Sequence[_Piece],
+        slots: list[_Slot],
+        pooling: PoolingMode,
+        device: torch.device,
+        output_dtype: torch.dtype,
+        bounds_check: bool,
+    ) -> None:
+        self.device = device
+        self.slots = slots
+        location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
+        self.tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
+            [(s.label, s.num_rows, c.embedding_dim, q.dtype.sparse_type, location) for s, c, q in shards],
+            feature_table_map=[i for i, (_, config, _) in enumerate(shards) for _ in config.feature_names],
+            pooling_mode=pooling,
+            device=device,
+            output_dtype=_OUTPUT_TYPES[output_dtype],
+            bounds_check_mode=BoundsCheckMode.FATAL if bounds_check else BoundsCheckMode.NONE,
+        )
+        self.tbe.initialize_weights()
+        self.tbe.assign_embedding_weights([(q.weights, q.scale_bias) for _, _, q in shards])
+        self.partial = any(s.row_start > 0 or s.row_end < c.num_embeddings for s, c, _ in shards)
+        self._lo = torch.tensor([slot.row_start for slot in slots], dtype=torch.int64)
+        self._hi = torch.tensor([slot.row_end for slot in slots], dtype=torch.int64)
+
+    @property
+    def features(self) -> list[str]:
+        return [slot.feature for slot in self.slots]
+
+    def __call__(self, item: TBEInput) -> Tensor:
+        indices, offsets, weights = item.indices, item.offsets, item.per_sample_weights
+        if self.partial:
+            indices, offsets, weights = self._keep_own_rows(item)
+        if self.device.type != "cpu":
+            indices, offsets = indices.to(self.device, non_blocking=True), offsets.to(self.device)
+            weights = None if weights is None else weights.to(self.device, non_blocking=True)
+        return self.tbe(indices, offsets, weights)
+
+    def _keep_own_rows(self, item: TBEInput) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Drop the ids outside each slot's row range, re-base the rest to the shard's first row."""
+        counts = torch.tensor(item.values_per_feature, dtype=torch.int64)
+        lo = self._lo.repeat_interleave(counts, output_size=item.indices.numel())
+        hi = self._hi.repeat_interleave(counts, output_size=item.indices.numel())
+        ids = item.indices.long()
+        keep = (ids >= lo) & (ids < hi)
+        kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
+        weights = None if item.per_sample_weights is None else item.per_sample_weights[keep]
+        return (ids - lo)[keep], kept_before[item.offsets.long()], weights
+
+
+class QuantEmbeddingBagCollection(nn.Module):
+    """Drop-in for ``EmbeddingBagCollection`` at serving time (``torchrec.quant.EmbeddingBagCollection``).
+
+    ``forward(kjt)`` returns the same ``KeyedTensor`` (keys, order, widths) as the training collection would,
+    on ``output_device`` in ``output_dtype``. Holds no parameters: the weights live in the FBGEMM kernels.
+
+    Args:
+        tables: the table configs, in the training collection's order.
+        shards: the rows of each shard of ``placement`` in serving layout (copied into the kernels).
+        placement: which device serves which rows of each table.
+        is_weighted: pool ``sum(weight * row)`` with ``kjt.weights()``.
+        device: the physical device the logical devices of ``placement`` map to (see ``physical_device``),
+            also the output device.
+        output_dtype: float32, float16 or bfloat16.
+        bounds_check: let FBGEMM check ids (callers that validate ids themselves turn it off).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        shards: Mapping[TableShard, QuantizedTable],
+        placement: ServingPlacement,
+        *,
+        is_weighted: bool = False,
+        device: torch.device | str = "cpu",
+        output_dtype: torch.dtype = torch.float32,
+        bounds_check: bool = True,
+    ) -> None:
+        super().__init__()
+        self._configs = list(tables)
+        self._is_weighted = is_weighted
+        self._device = torch.device(device)
+        names = get_embedding_names_by_table(self._configs)
+        self._embedding_names = [name for table_names in names for name in table_names]
+        self._lengths_per_embedding = [t.embedding_dim for t in self._configs for _ in t.feature_names]
+        self._lookups = self._build_lookups(names, shards, placement, output_dtype, bounds_check)
+        self._router = FeatureRouter([lookup.features for lookup in self._lookups])
+        self._target = torch.cat(
+            [torch.arange(s.column, s.column + s.dim) for lookup in self._lookups for s in lookup.slots]
+        ).to(self._device)
+        self._mode = _assembly_mode(self._target)
+        if self._mode == "select":
+            self._target = torch.argsort(self._target)
+        self._mean_spans = self._divided_spans(placement)
+        self._span_positions: dict[tuple[str, ...], list[int]] = {}
+
+    def _build_lookups(
+        self,
+        names: list[list[str]],
+        pieces: Mapping[TableShard, QuantizedTable],
+        placement: ServingPlacement,
+        output_dtype: torch.dtype,
+        bounds_check: bool,
+    ) -> list[_ShardLookup]:
+        columns = torch.tensor([0, *self._lengths_per_embedding]).cumsum(0).tolist()
+        first_embedding = torch.tensor([0, *[len(n) for n in names]]).cumsum(0).tolist()
+        by_name = {config.name: index for index, config in enumerate(self._configs)}
+        groups: dict[
+            tuple[str, PoolingMode], list[tuple[TableShard, EmbeddingBagConfig, QuantizedTable]]
+        ] = {}
+        for shard in placement.shards:
+            config = self._configs[by_name[shard.table]]
+            pooling = self._kernel_pooling(config, placement.is_split(config.name))
+            groups.setdefault((shard.device, pooling), []).append((shard, config, pieces[shard]))
+        lookups = []
+        for (logical, pooling), shards in groups.items():
+            slots = [
+                _Slot(feature, columns[first_embedding[by_name[c.name]] + k], c.embedding_dim, *s.rows)
+                for s, c, _ in shards
+                for k, feature in enumerate(c.feature_names)
+            ]
+            device = physical_device(logical, self._device)
+            lookups.append(_ShardLookup(shards, slots, pooling, device, output_dtype, bounds_check))
+            logger.debug("lookup on %s (%s): %d shards", logical, pooling.name, len(shards))
+        return lookups
+
+    def _kernel_pooling(self, table: EmbeddingBagConfig, split: bool) -> PoolingMode:
+        """MEAN of a split table, or weighted MEAN, runs as SUM and is divided afterwards."""
+        if table.pooling is PoolingType.MEAN and not split and not self._is_weighted:
+            return PoolingMode.MEAN
+        return PoolingMode.SUM
+
+    def _divided_spans(self, placement: ServingPlacement) -> list[tuple[str, int, int]]:
+        """``(feature, first column, dim)`` of every embedding pooled as SUM that must be MEAN."""
+        spans, column = [], 0
+        for table in self._configs:
+            for feature in table.feature_names:
+                split = placement.is_split(table.name)
+                if (
+                    table.pooling is PoolingType.MEAN
+                    and self._kernel_pooling(table, split) is PoolingMode.SUM
+                ):
+                    spans.append((feature, column, table.embedding_dim))
+                column += table.embedding_dim
+        return spans
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return self._configs
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def forward(self, features: KJTLike) -> KeyedTensor:
+        """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name."""
+        inputs = self._router.route(features, weighted=self._is_weighted)
+        outputs = [lookup(item).to(self._device) for lookup, item in zip(self._lookups, inputs)]
+        flat = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        if self._mode == "select":
+            values = flat.index_select(1, self._target)
+        elif self._mode == "add":
+            values = flat.new_zeros(flat.shape[0], sum(self._lengths_per_embedding))
+            values.index_add_(1, self._target, flat)
+        else:
+            values = flat
+        if self._mean_spans:
+            values = self._divide_means(values, features)
+        return KeyedTensor(
+            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
+        )
+
+    def _divide_means(self, values: Tensor, features: KJTLike) -> Tensor:
+        keys = tuple(features.keys())
+        if keys not in self._span_positions:
+            self._span_positions[keys] = feature_positions(keys, [f for f, _, _ in self._mean_spans])
+        lengths = features.offsets().diff().view(len(keys), -1).to(self._device)
+        spans = [(p, col, dim) for p, (_, col, dim) in zip(self._span_positions[keys], self._mean_spans)]
+        return divide_by_bag_lengths(values, lengths, spans)
+
+
+def split_by_placement(
+    tables: Mapping[str, QuantizedTable], placement: ServingPlacement
+) -> dict[TableShard, QuantizedTable]:
+    """The rows of every shard of ``placement`` cut from whole ``tables`` (views)."""
+    return {shard: tables[shard.table].rows(*shard.rows) for shard in placement.shards}
+
+
+def _assembly_mode(target: Tensor) -> str:
+    """How kernel output columns become table-order columns: as they are, permuted, or added up."""
+    if torch.equal(target, torch.arange(target.numel(), device=target.device)):
+        return "identity"
+    if torch.unique(target).numel() == target.numel():
+        return "select"
+    return "add"

@@ -1,0 +1,172 @@
+"""Assembles and runs one server process: model → core → gRPC services (+ health, reflection) → signals.
+
+Start-up order: load and warm up the package, build the core, bind the port, start serving, then report
+SERVING on the health service (so readiness means "answers at full speed"). Shutdown (SIGTERM/SIGINT): health
+goes NOT_SERVING, the port stops accepting RPCs, RPCs in flight and queued requests finish, then exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from recserve.server.batcher import BatcherConfig
+from recserve.server.config import ServeConfig
+from recserve.server.core import InferenceCore
+from recserve.server.metrics import ServerMetrics, start_metrics_http_server
+from recserve.server.oip import InferenceServicer
+from recserve.server.protos import ADMIN_SERVICE, OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2_grpc, pb2_grpc
+from recserve.server.reload import Reloader, newest_version_dir
+from recserve.server.runner import ModelRunner
+from recserve.server.servicer import AdminServicer, PredictorServicer
+from recserve.server.status import StatusInterceptor
+
+logger = logging.getLogger(__name__)
+
+HEALTH_SERVICES = ("", PREDICTOR_SERVICE, OIP_SERVICE)
+
+
+def load_runner(
+    package_dir: Path, batcher_config: BatcherConfig, metrics: ServerMetrics, device: str = "cpu"
+) -> ModelRunner:
+    """Loads a package with ``recserve.runtime.Predictor`` and warms it up behind a fresh batcher."""
+    from recserve.runtime import Predictor
+
+    predictor = Predictor.load(package_dir, device=device)
+    runner = ModelRunner(predictor, batcher_config, observer=metrics, package_dir=Path(package_dir))
+    try:
+        runner.warmup()
+    except Exception:
+        runner.close()
+        raise
+    return runner
+
+
+def _server_credentials(cfg: ServeConfig) -> grpc.ServerCredentials:
+    assert cfg.tls_cert is not None and cfg.tls_key is not None
+    ca = Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+class RecServer:
+    """One serving process: ``start()`` binds and serves, ``stop()`` drains, ``port`` is the bound port."""
+
+    def __init__(self, cfg: ServeConfig, metrics: ServerMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or ServerMetrics()
+        package = cfg.package if cfg.package is not None else newest_version_dir(Path(cfg.watch))
+        if package is None:
+            raise FileNotFoundError(
+                f"--watch {cfg.watch}: no numbered version directory holds a manifest.json"
+            )
+        bc = cfg.batcher_config()
+        runner = load_runner(Path(package), bc, self.metrics, cfg.device)
+        self.core = InferenceCore(runner)
+        self.metrics.serving(*runner.model_id)
+        self.reloader = Reloader(
+            self.core,
+            lambda p: load_runner(p, bc, self.metrics, cfg.device),
+            self.metrics,
+            watch_dir=cfg.watch,
+            interval_s=cfg.watch_interval_s,
+        )
+        self.health = health.HealthServicer()
+        self._server = self._build_grpc_server()
+        self._metrics_http = None
+        self.port = 0
+
+    def _build_grpc_server(self) -> grpc.Server:
+        cfg = self.cfg
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.so_reuseport", 1 if cfg.workers > 1 else 0),
+        ]
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
+            interceptors=[StatusInterceptor(self.metrics)],
+            options=options,
+            maximum_concurrent_rpcs=cfg.grpc_threads + cfg.max_queue_size,
+        )
+        pb2_grpc.add_PredictorServicer_to_server(PredictorServicer(self.core), server)
+        pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.reloader), server)
+        oip_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = (PREDICTOR_SERVICE, ADMIN_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        return server
+
+    def start(self) -> int:
+        cfg = self.cfg
+        address = f"{cfg.host}:{cfg.port}"
+        if cfg.tls_cert is not None:
+            self.port = self._server.add_secure_port(address, _server_credentials(cfg))
+        else:
+            self.port = self._server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"--host/--port: could not bind {address}")
+        self._server.start()
+        if cfg.metrics_port is not None:
+            self._metrics_http = start_metrics_http_server(
+                cfg.metrics_port, cfg.metrics_host, self.metrics.registry
+            )
+        self.reloader.start_watching()
+        for name in HEALTH_SERVICES:
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        logger.info(
+            "serving %s %s on %s:%d (pid %d, %s)",
+            *self.core.runner.model_id,
+            cfg.host,
+            self.port,
+            os.getpid(),
+            "TLS" if cfg.tls_cert else "plaintext",
+        )
+        return self.port
+
+    def stop(self) -> None:
+        """Drains: NOT_SERVING, refuse new RPCs, let those in flight finish, then stop batching."""
+        self.health.enter_graceful_shutdown()
+        self.reloader.stop()
+        self._server.stop(grace=self.cfg.drain_timeout_s).wait()
+        self.core.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+        logger.info("drained and stopped (pid %d)", os.getpid())
+
+
+def run_server(cfg: ServeConfig) -> int:
+    """Runs one server process until SIGTERM or SIGINT, then drains; returns the exit code (0)."""
+    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.workers)
+    torch.set_num_threads(threads)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = RecServer(cfg)
+        server.start()
+        while not stop.wait(0.5):
+            pass
+        logger.info("signal received: draining")
+        server.stop()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
+
+
+def worker_config(cfg: ServeConfig) -> ServeConfig:
+    """The options one of several workers runs with: the parent serves the aggregated /metrics."""
+    return replace(cfg, metrics_port=None)

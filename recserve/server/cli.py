@@ -1,0 +1,207 @@
+"""``recserve serve | query | loadgen``: registered on ``recserve``'s parser by :func:`add_serve_commands`."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from recserve.errors import InvalidRequestError
+
+
+def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Adds ``serve``, ``query`` and ``loadgen`` (alias ``bench``) to the ``recserve`` command line."""
+    _add_serve(subparsers)
+    _add_query(subparsers)
+    _add_loadgen(subparsers)
+
+
+def _add_serve(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a model package over gRPC (recserve.v1 + Open Inference v2)"
+    )
+    p.add_argument("--package", type=Path, help="model package dir (optional with --watch)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: %(default)s)")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus /metrics port; -1 turns it off")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--max-batch-size", type=int, default=512, help="examples per batch and per request")
+    p.add_argument(
+        "--max-queue-delay-ms", type=float, default=2.0, help="longest wait of a batch's oldest request"
+    )
+    p.add_argument(
+        "--max-queue-size", type=int, default=4096, help="queued requests before RESOURCE_EXHAUSTED"
+    )
+    p.add_argument("--grpc-threads", type=int, default=64, help="RPC handler threads per worker")
+    p.add_argument("--max-message-mb", type=int, default=64, help="largest request/reply message")
+    p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
+    p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
+    p.add_argument("--watch", type=Path, help="dir of numbered package versions; the newest is served")
+    p.add_argument("--watch-interval", type=float, default=2.0, help="seconds between --watch scans")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight RPCs get on SIGTERM")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--torch-threads", type=int, help="intra-op threads per worker (default cores / workers)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from recserve.server.config import ServeConfig
+    from recserve.server.workers import serve
+
+    logging.getLogger("recserve").setLevel(min(logging.INFO, logging.getLogger().getEffectiveLevel()))
+    cfg = ServeConfig(
+        package=args.package,
+        host=args.host,
+        port=args.port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_host=args.metrics_host,
+        workers=args.workers,
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_ms=args.max_queue_delay_ms,
+        max_queue_size=args.max_queue_size,
+        grpc_threads=args.grpc_threads,
+        max_message_bytes=args.max_message_mb * 1024 * 1024,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        watch=args.watch,
+        watch_interval_s=args.watch_interval,
+        drain_timeout_s=args.drain_timeout,
+        device=args.device,
+        torch_threads=args.torch_threads,
+    )
+    return serve(cfg)
+
+
+def _add_query(subparsers) -> None:
+    p = subparsers.add_parser(
+        "query", help="score examples from a JSON/CSV file (or random ones) on a server"
+    )
+    p.add_argument("--target", default="127.0.0.1:50051", help="host:port")
+    p.add_argument(
+        "--input", type=Path, help=".json {dense: [[..]], sparse: {f: [[ids]..]}} or .csv (see docs)"
+    )
+    p.add_argument("--random", type=int, default=1, help="without --input: this many random valid examples")
+    p.add_argument("--metadata", action="store_true", help="print the served model's schema and exit")
+    p.add_argument(
+        "--reload", metavar="DIR", nargs="?", const="", help="admin: load DIR (or the newest version)"
+    )
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--tls-ca", type=Path, help="CA that signed the server's certificate (enables TLS)")
+    p.add_argument("--tls-cert", type=Path, help="client certificate (mutual TLS)")
+    p.add_argument("--tls-key", type=Path, help="client key (mutual TLS)")
+    p.set_defaults(func=_query)
+
+
+def _query(args: argparse.Namespace) -> int:
+    from recserve.client import PredictorClient
+
+    client = PredictorClient(
+        args.target,
+        timeout=args.timeout,
+        root_certificates=args.tls_ca,
+        client_key=args.tls_key,
+        client_cert=args.tls_cert,
+    )
+    with client:
+        if args.reload is not None:
+            name, version, swapped = client.reload(args.reload)
+            print(json.dumps({"model_name": name, "model_version": version, "swapped": swapped}))
+            return 0
+        model = client.metadata()
+        if args.metadata:
+            print(json.dumps(_model_dict(model), indent=2))
+            return 0
+        if args.input is None:
+            dense, sparse = _random_example(model, args.random)
+        else:
+            dense, sparse = read_examples(args.input, model.feature_names)
+        scores = client.predict_lists(dense, sparse)
+        print(json.dumps({"model_name": model.model_name, "model_version": model.version, "scores": scores}))
+    return 0
+
+
+def _model_dict(model) -> dict:
+    return {
+        "model_name": model.model_name,
+        "model_version": model.version,
+        "dense_in_features": model.dense_in_features,
+        "max_batch_size": model.max_batch_size,
+        "sparse_features": [vars(f) for f in model.features],
+    }
+
+
+def _random_example(model, n: int) -> tuple[list[list[float]], dict[str, list[list[int]]]]:
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(n, model.dense_in_features, generator=g).tolist()
+    sparse = {
+        f.name: [torch.randint(0, f.num_embeddings, (3,), generator=g).tolist() for _ in range(n)]
+        for f in model.features
+    }
+    return dense, sparse
+
+
+def read_examples(path: Path, features: list[str]) -> tuple[list[list[float]], dict[str, list[list[int]]]]:
+    """Examples from ``.json`` (``{"dense": [[...]], "sparse": {"f0": [[ids], ...]}}``) or ``.csv``.
+
+    CSV: a header row, one example per row; a column named after a model feature holds that feature's ids
+    separated by spaces, every other column is a dense feature, in column order.
+    """
+    if path.suffix == ".json":
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or "sparse" not in doc:
+            raise InvalidRequestError(f"{path}: expected an object with 'dense' and 'sparse' keys")
+        return doc.get("dense", []), doc["sparse"]
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            raise InvalidRequestError(f"{path}: no example rows under the header")
+        dense_cols = [c for c in rows[0] if c not in features]
+        try:
+            dense = [[float(r[c]) for c in dense_cols] for r in rows]
+            sparse = {k: [[int(x) for x in r[k].split()] for r in rows] for k in features if k in rows[0]}
+        except ValueError as exc:
+            raise InvalidRequestError(f"{path}: {exc}") from None
+        return dense, sparse
+    raise InvalidRequestError(f"{path}: expected a .json or .csv file")
+
+
+def _add_loadgen(subparsers) -> None:
+    p = subparsers.add_parser(
+        "loadgen", aliases=["bench"], help="closed-loop load test: throughput and latency"
+    )
+    p.add_argument("--target", default="127.0.0.1:50051", help="host:port")
+    p.add_argument("--concurrency", type=int, default=32, help="callers in flight at once")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds (after --warmup)")
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument(
+        "--batch", "--request-batch", dest="batch", type=int, default=64, help="examples per request"
+    )
+    p.add_argument("--processes", type=int, help="client processes (default min(concurrency, cores))")
+    p.add_argument("--sweep", help="comma-separated concurrency levels, e.g. 1,4,16,32,64: prints a table")
+    p.set_defaults(func=_loadgen)
+
+
+def _loadgen(args: argparse.Namespace) -> int:
+    from recserve.client.loadgen import LoadgenConfig, format_table, run_loadgen, sweep
+
+    cfg = LoadgenConfig(
+        target=args.target,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        request_batch=args.batch,
+        processes=args.processes,
+        warmup_s=args.warmup,
+    )
+    if args.sweep:
+        print(format_table(sweep(cfg, [int(c) for c in args.sweep.split(",")])))
+        return 0
+    print(run_loadgen(cfg).summary())
+    return 0

@@ -1,0 +1,113 @@
+"""Every Prometheus metric the server exports, declared in one place, in seconds and with ``_total`` counters.
+
+Latency buckets are fine below 1 ms and have a boundary at the 25 ms latency goal, so that
+"share of requests within the goal" is exact. With several worker processes (``--workers N``) the values go
+through prometheus_client's multiprocess mode: the parent sets ``PROMETHEUS_MULTIPROC_DIR`` before it starts
+the workers and serves one ``/metrics`` page that sums them (:func:`start_metrics_http_server`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+LATENCY_GOAL_SECONDS = 0.025
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02,
+    LATENCY_GOAL_SECONDS, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class ServerMetrics:
+    """The server's metrics, registered in ``registry`` (a fresh one by default, so tests can run several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.registry = r
+        self.requests = Counter(
+            "recserve_requests", "RPCs by method and status code", ["method", "code"], registry=r
+        )
+        self.request_latency = Histogram(
+            "recserve_request_latency_seconds",
+            "Time from receipt to reply, per RPC method",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "recserve_inflight_requests", "RPCs being handled", registry=r, multiprocess_mode="livesum"
+        )
+        self.queue_depth_gauge = Gauge(
+            "recserve_queue_depth", "Requests waiting in the batcher", registry=r, multiprocess_mode="livesum"
+        )
+        self.queue_wait = Histogram(
+            "recserve_queue_wait_seconds",
+            "Time a request waited for its batch",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "recserve_batch_size", "Examples per executed batch", buckets=BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.inference = Histogram(
+            "recserve_inference_seconds", "Predictor time per batch", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.examples = Counter("recserve_examples", "Examples scored", registry=r)
+        self.model_info = Gauge(
+            "recserve_model_info",
+            "1 for the model version being served, 0 for versions swapped out",
+            ["model", "version"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.model_reloads = Counter(
+            "recserve_model_reloads", "Model loads after start, by result", ["result"], registry=r
+        )
+
+    # BatchObserver
+    def queue_depth(self, requests: int) -> None:
+        self.queue_depth_gauge.set(requests)
+
+    def batch_done(self, examples: int, queue_waits: Sequence[float], seconds: float) -> None:
+        self.batch_size.observe(examples)
+        self.inference.observe(seconds)
+        self.examples.inc(examples)
+        for wait in queue_waits:
+            self.queue_wait.observe(wait)
+
+    def serving(self, model: str, version: str, previous: tuple[str, str] | None = None) -> None:
+        """Marks ``model``/``version`` as served (and the one it replaced as not)."""
+        if previous is not None and previous != (model, version):
+            self.model_info.labels(*previous).set(0)
+        self.model_info.labels(model, version).set(1)
+
+
+def start_metrics_http_server(port: int, host: str, registry: CollectorRegistry | None) -> object:
+    """Serves ``/metrics`` on ``host:port``; ``registry=None`` aggregates the worker processes' files.
+
+    Returns the WSGI server (call ``.shutdown()`` to stop it).
+    """
+    if registry is None:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    logger.info("metrics on http://%s:%d/metrics", host, server.server_port)
+    return server
+
+
+def prepare_multiprocess_dir(path: Path) -> None:
+    """Empties ``path`` and points prometheus_client's multiprocess mode at it (before workers start)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)

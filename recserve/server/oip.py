@@ -1,0 +1,183 @@
+"""Open Inference Protocol v2 (KServe / Triton ``inference.GRPCInferenceService``) over the same core.
+
+The model's inputs, as ``ModelMetadata`` lists them (B = examples in the request, N = ids of the feature):
+
+    dense              FP32  [B, dense_in_features]
+    <feature>.lengths  INT32 [B]      ids per example (INT64 accepted too)
+    <feature>.values   INT64 [N]      the ids, example after example (INT32 accepted too)
+    <feature>.weights  FP32  [N]      optional, for weighted features
+
+and one output ``scores`` FP32 [B]. Inputs come as typed ``contents`` or as ``raw_input_contents`` (one raw
+entry per input, in input order); the reply uses the same form as the request.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import numpy as np
+import torch
+from torch import Tensor
+
+import recserve
+from recserve.errors import InvalidRequestError
+from recserve.server.arrays import FeatureArrays, encode_raw
+from recserve.server.core import InferenceCore
+from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.servicer import request_deadline
+from recserve.server.validation import ModelSchema
+
+DENSE_INPUT = "dense"
+SCORES_OUTPUT = "scores"
+PLATFORM = "recserve_fbgemm"
+# datatype -> (little-endian numpy dtype, InferTensorContents field)
+_DATATYPES = {
+    "FP32": ("<f4", "fp32_contents"),
+    "INT32": ("<i4", "int_contents"),
+    "INT64": ("<i8", "int64_contents"),
+}
+_ACCEPTED = {
+    "dense": ("FP32",),
+    "lengths": ("INT32", "INT64"),
+    "values": ("INT64", "INT32"),
+    "weights": ("FP32",),
+}
+
+
+def input_metadata(schema: ModelSchema) -> list[tuple[str, str, list[int]]]:
+    """``(name, datatype, shape)`` of every input, in the order ModelMetadata lists them."""
+    inputs = [(DENSE_INPUT, "FP32", [-1, schema.dense_in_features])]
+    for f in schema.feature_names:
+        inputs += [(f"{f}.lengths", "INT32", [-1]), (f"{f}.values", "INT64", [-1])]
+        if f in schema.weighted_features:
+            inputs.append((f"{f}.weights", "FP32", [-1]))
+    return inputs
+
+
+def _decode_input(tensor, raw: bytes | None) -> Tensor:
+    role = tensor.name.rsplit(".", 1)[-1] if tensor.name != DENSE_INPUT else "dense"
+    if role not in _ACCEPTED:
+        raise InvalidRequestError(
+            f"inputs[{tensor.name!r}]: unknown input (expected dense or <feature>.lengths/.values/.weights)"
+        )
+    if tensor.datatype not in _ACCEPTED[role]:
+        raise InvalidRequestError(
+            f"inputs[{tensor.name!r}].datatype: expected one of {_ACCEPTED[role]}, got {tensor.datatype!r}"
+        )
+    le, field = _DATATYPES[tensor.datatype]
+    count = int(np.prod(tensor.shape)) if len(tensor.shape) else 0
+    if raw is not None:
+        itemsize = np.dtype(le).itemsize
+        if len(raw) != count * itemsize:
+            raise InvalidRequestError(
+                f"raw_input_contents[{tensor.name!r}]: {len(raw)} bytes, expected {count} x {itemsize} "
+                f"for shape {list(tensor.shape)}"
+            )
+        arr = np.frombuffer(raw, dtype=le).astype(le[1:])
+    else:
+        arr = np.asarray(getattr(tensor.contents, field), dtype=le[1:])
+        if arr.size != count:
+            raise InvalidRequestError(
+                f"inputs[{tensor.name!r}].contents: {arr.size} elements for shape {list(tensor.shape)}"
+            )
+    return torch.from_numpy(arr)
+
+
+def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) -> FeatureArrays:
+    """Named OIP inputs → the key-major arrays of one KJT plus the dense matrix."""
+    raws = list(req.raw_input_contents)
+    if raws and len(raws) != len(req.inputs):
+        raise InvalidRequestError(f"raw_input_contents: {len(raws)} entries for {len(req.inputs)} inputs")
+    tensors = {}
+    for i, t in enumerate(req.inputs):
+        if t.name in tensors:
+            raise InvalidRequestError(f"inputs[{t.name!r}]: given twice")
+        tensors[t.name] = (t, _decode_input(t, raws[i] if raws else None))
+    if DENSE_INPUT in tensors:
+        shape = list(tensors[DENSE_INPUT][0].shape)
+        batch = shape[0] if shape else 0
+    else:
+        lengths = [t for name, (t, _) in tensors.items() if name.endswith(".lengths")]
+        batch = lengths[0].shape[0] if lengths and lengths[0].shape else 0
+    dense = tensors.pop(DENSE_INPUT, (None, torch.zeros(0)))[1]
+    features = [n[: -len(".lengths")] for n in tensors if n.endswith(".lengths")]
+    lengths, values, weights = [], [], []
+    for f in features:
+        length = tensors[f"{f}.lengths"][1]
+        if length.numel() != batch:
+            raise InvalidRequestError(
+                f"inputs[{f + '.lengths'!r}]: {length.numel()} entries for {batch} examples"
+            )
+        if f"{f}.values" not in tensors:
+            raise InvalidRequestError(f"inputs: {f + '.lengths'!r} given without {f + '.values'!r}")
+        lengths.append(length.to(torch.int64))
+        values.append(tensors[f"{f}.values"][1].to(torch.int64))
+        if f"{f}.weights" in tensors:
+            weights.append(tensors[f"{f}.weights"][1])
+    orphans = [n for n in tensors if n.rsplit(".", 1)[0] not in features]
+    if orphans:
+        raise InvalidRequestError(f"inputs[{orphans[0]!r}]: no matching '<feature>.lengths' input")
+    if weights and len(weights) != len(features):
+        raise InvalidRequestError("inputs: give '<feature>.weights' for every feature or for none")
+    return FeatureArrays(
+        batch_size=batch,
+        dense=dense.to(torch.float32),
+        keys=features,
+        lengths=torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.int64),
+        values=torch.cat(values) if values else torch.zeros(0, dtype=torch.int64),
+        weights=torch.cat(weights) if weights else None,
+        request_id=req.id,
+    )
+
+
+class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
+    """The OIP v2 service: health, metadata and ModelInfer over :class:`InferenceCore`."""
+
+    def __init__(self, core: InferenceCore) -> None:
+        self._core = core
+
+    def _check_model(self, name: str, version: str) -> ModelSchema:
+        s = self._core.schema
+        if name and name != s.model_name:
+            raise InvalidRequestError(f"model_name: {name!r} is not served here (serving {s.model_name!r})")
+        if version and version != s.version:
+            raise InvalidRequestError(f"model_version: {version!r} is not served (serving {s.version!r})")
+        return s
+
+    def ServerLive(self, request, context):
+        return oip_pb2.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request, context):
+        return oip_pb2.ServerReadyResponse(ready=self._core.ready)
+
+    def ModelReady(self, request, context):
+        s = self._core.schema
+        ok = self._core.ready and request.name in ("", s.model_name) and request.version in ("", s.version)
+        return oip_pb2.ModelReadyResponse(ready=ok)
+
+    def ServerMetadata(self, request, context):
+        return oip_pb2.ServerMetadataResponse(name="recserve", version=recserve.__version__)
+
+    def ModelMetadata(self, request, context):
+        s = self._check_model(request.name, request.version)
+        resp = oip_pb2.ModelMetadataResponse(name=s.model_name, versions=[s.version], platform=PLATFORM)
+        for name, dtype, shape in input_metadata(s):
+            resp.inputs.add(name=name, datatype=dtype, shape=shape)
+        resp.outputs.add(name=SCORES_OUTPUT, datatype="FP32", shape=[-1])
+        return resp
+
+    def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
+        received = time.monotonic()
+        schema = self._check_model(request.model_name, request.model_version)
+        arrays = decode_infer_request(request, schema)
+        result = self._core.infer(arrays, deadline=request_deadline(context, received))
+        resp = oip_pb2.ModelInferResponse(
+            model_name=result.model_name, model_version=result.model_version, id=request.id
+        )
+        out = resp.outputs.add(name=SCORES_OUTPUT, datatype="FP32", shape=[result.scores.numel()])
+        if request.raw_input_contents:
+            resp.raw_output_contents.append(encode_raw(result.scores, "float32"))
+        else:
+            out.contents.fp32_contents.extend(result.scores.tolist())
+        return resp

@@ -1,0 +1,122 @@
+"""Hot reload: load a package beside the serving one, warm it up, swap it in; keep the old one on failure.
+
+Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
+versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
+numeric names (``DIR/1``, ``DIR/2``, ...); the highest one whose ``manifest.json`` exists is the one to serve.
+A package that fails to load is logged, counted in ``recserve_model_reloads_total{result="failure"}``, and not
+retried until one of its files changes. Place a version atomically (write it elsewhere, then rename it into
+the watch dir), so that the watch never sees half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from recserve.errors import PackageError
+from recserve.server.core import InferenceCore
+from recserve.server.metrics import ServerMetrics
+from recserve.server.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def newest_version_dir(watch_dir: Path) -> Path | None:
+    """The numerically highest ``watch_dir/<n>`` that holds a manifest, or None."""
+    if not watch_dir.is_dir():
+        return None
+    versions = [
+        (int(p.name), p)
+        for p in watch_dir.iterdir()
+        if p.is_dir() and p.name.isdigit() and (p / MANIFEST).exists()
+    ]
+    return max(versions)[1] if versions else None
+
+
+class Reloader:
+    """Serialises reloads of ``core``'s model; ``load`` turns a package dir into a warmed-up runner."""
+
+    def __init__(
+        self,
+        core: InferenceCore,
+        load: Callable[[Path], ModelRunner],
+        metrics: ServerMetrics,
+        *,
+        watch_dir: Path | None = None,
+        interval_s: float = 2.0,
+    ) -> None:
+        self._core = core
+        self._load = load
+        self._metrics = metrics
+        self._watch_dir = watch_dir
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._tried: set[tuple] = set()  # version dir stamps (file names, sizes, mtimes) already attempted
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def reload(self, package_dir: Path | None = None) -> tuple[str, str, bool]:
+        """Loads ``package_dir`` (default: the newest version under the watch dir) and swaps it in.
+
+        Returns ``(model_name, version, swapped)``; ``swapped`` is False when that version already serves.
+        Raises :class:`PackageError` when the package fails to load; the old model keeps serving.
+        """
+        with self._lock:
+            if package_dir is None:
+                if self._watch_dir is None:
+                    raise PackageError("ReloadModel: package_dir is empty and the server has no --watch dir")
+                package_dir = newest_version_dir(self._watch_dir)
+                if package_dir is None:
+                    raise PackageError(f"{self._watch_dir}: no version directory with a {MANIFEST}")
+            old = self._core.runner
+            try:
+                runner = self._load(package_dir)
+            except Exception as exc:
+                self._metrics.model_reloads.labels("failure").inc()
+                logger.error("reload of %s failed, still serving %s %s: %s", package_dir, *old.model_id, exc)
+                raise PackageError(
+                    f"{package_dir}: failed to load ({exc}); still serving {' '.join(old.model_id)}"
+                ) from exc
+            if runner.model_id == old.model_id:
+                runner.close()
+                return (*old.model_id, False)
+            self._core.swap(runner)
+            self._metrics.model_reloads.labels("success").inc()
+            self._metrics.serving(*runner.model_id, previous=old.model_id)
+            return (*runner.model_id, True)
+
+    def start_watching(self) -> None:
+        """Polls the watch dir every ``interval_s`` seconds in a daemon thread."""
+        if self._watch_dir is None:
+            return
+        self._thread = threading.Thread(target=self._watch, name="package-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        assert self._watch_dir is not None
+        while not self._stop.wait(self._interval_s):
+            newest = newest_version_dir(self._watch_dir)
+            if newest is None or newest == self._core.runner.package_dir:
+                continue
+            try:
+                stamp = (
+                    newest,
+                    tuple((f.name, f.stat().st_size, f.stat().st_mtime) for f in sorted(newest.iterdir())),
+                )
+            except FileNotFoundError:
+                continue
+            if stamp in self._tried:
+                continue
+            self._tried.add(stamp)
+            with contextlib.suppress(PackageError):  # logged and counted by reload(); the old model serves on
+                self.reload(newest)

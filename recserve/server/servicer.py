@@ -1,0 +1,74 @@
+"""``recserve.v1`` Predictor and Admin services: thin adapters from protobuf to :class:`InferenceCore`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+
+from recserve.server.codec import decode_predict_request, set_scores
+from recserve.server.core import InferenceCore
+from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.reload import Reloader
+
+# grpc reports "no deadline" as a huge remaining time rather than None on some versions.
+_NO_DEADLINE_SECONDS = 1e8
+
+
+def request_deadline(context: grpc.ServicerContext, received: float) -> float | None:
+    """The RPC's deadline as a ``time.monotonic()`` instant, or None when the client set none."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > _NO_DEADLINE_SECONDS:
+        return None
+    return received + remaining
+
+
+class PredictorServicer(pb2_grpc.PredictorServicer):
+    def __init__(self, core: InferenceCore) -> None:
+        self._core = core
+
+    def Predict(self, request: pb2.PredictRequest, context: grpc.ServicerContext) -> pb2.PredictResponse:
+        received = time.monotonic()
+        arrays = decode_predict_request(request)
+        result = self._core.infer(
+            arrays, deadline=request_deadline(context, received), model_name=request.model_name
+        )
+        resp = pb2.PredictResponse(
+            request_id=request.request_id, model_name=result.model_name, model_version=result.model_version
+        )
+        set_scores(resp, result.scores, request.raw_output)
+        t = resp.timings
+        t.queue_seconds = result.queue_seconds
+        t.inference_seconds = result.inference_seconds
+        t.executed_batch_size = result.executed_batch_size
+        t.server_seconds = time.monotonic() - received
+        return resp
+
+    def ModelMetadata(self, request, context: grpc.ServicerContext) -> pb2.ModelMetadataResponse:
+        runner = self._core.runner
+        s = runner.schema
+        dtypes = runner.feature_dtypes
+        resp = pb2.ModelMetadataResponse(
+            model_name=s.model_name,
+            model_version=s.version,
+            dense_in_features=s.dense_in_features,
+            max_batch_size=s.max_batch_size,
+        )
+        for name, n in zip(s.feature_names, s.num_embeddings.tolist()):
+            resp.sparse_features.add(
+                name=name, num_embeddings=n, weighted=name in s.weighted_features, dtype=dtypes.get(name, "")
+            )
+        return resp
+
+
+class AdminServicer(pb2_grpc.AdminServicer):
+    def __init__(self, reloader: Reloader) -> None:
+        self._reloader = reloader
+
+    def ReloadModel(
+        self, request: pb2.ReloadModelRequest, context: grpc.ServicerContext
+    ) -> pb2.ReloadModelResponse:
+        package_dir = Path(request.package_dir) if request.package_dir else None
+        name, version, swapped = self._reloader.reload(package_dir)
+        return pb2.ReloadModelResponse(model_name=name, model_version=version, swapped=swapped)

@@ -1,0 +1,169 @@
+"""Checks a decoded request against the served model and builds the tensors the predictor takes.
+
+Every failure raises :class:`InvalidRequestError` naming the wire field and the numbers involved; the server
+turns it into INVALID_ARGUMENT and goes on serving. Ids outside a table are rejected, never clamped or hashed
+(a package records no hashing, so an out-of-range id is a client bug worth surfacing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from recserve.errors import InvalidRequestError
+from recserve.server.arrays import FeatureArrays
+from rectrain.sparse import KeyedJaggedTensor
+
+
+@dataclass(frozen=True)
+class ModelSchema:
+    """What a request must look like for one model version (built once per loaded package)."""
+
+    model_name: str
+    version: str
+    feature_names: list[str]
+    num_embeddings: Tensor  # int64 [F], valid ids of feature i are [0, num_embeddings[i])
+    dense_in_features: int
+    weighted_features: frozenset[str]
+    max_batch_size: int
+
+    @staticmethod
+    def from_metadata(metadata, max_batch_size: int) -> ModelSchema:
+        """From a ``recserve.runtime.PackageMetadata``."""
+        names = list(metadata.feature_names)
+        return ModelSchema(
+            model_name=metadata.model_name,
+            version=str(metadata.version),
+            feature_names=names,
+            num_embeddings=torch.tensor([int(metadata.num_embeddings[n]) for n in names], dtype=torch.int64),
+            dense_in_features=int(metadata.dense_in_features),
+            weighted_features=frozenset(metadata.weighted_features),
+            max_batch_size=max_batch_size,
+        )
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """A checked request: ``dense`` ``[B, W]`` float32 and a KJT whose keys are the model's, in its order."""
+
+    dense: Tensor
+    kjt: KeyedJaggedTensor
+    request_id: str = ""
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.dense.shape[0])
+
+
+def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceRequest:
+    """Validates ``arrays`` against ``schema``; returns tensors ready for the batcher."""
+    b = arrays.batch_size
+    if b <= 0:
+        raise InvalidRequestError(f"batch_size: must be >= 1, got {b} (empty request)")
+    if b > schema.max_batch_size:
+        raise InvalidRequestError(
+            f"batch_size: {b} examples exceeds the server's max_batch_size {schema.max_batch_size}; split it"
+        )
+    dense = _check_dense(arrays.dense, b, schema.dense_in_features)
+    order = _key_order(arrays.keys, schema.feature_names)
+    lengths, values, weights = arrays.lengths, arrays.values, arrays.weights
+    num_keys = len(arrays.keys)
+    if lengths.numel() != num_keys * b:
+        raise InvalidRequestError(
+            f"sparse.lengths: expected {num_keys} keys x {b} examples = {num_keys * b} entries, "
+            f"got {lengths.numel()}"
+        )
+    lengths = lengths.to(torch.int64)
+    if num_keys and bool((lengths < 0).any()):
+        raise InvalidRequestError(f"sparse.lengths: negative length {int(lengths.min())}")
+    total = int(lengths.sum())
+    if total != values.numel():
+        raise InvalidRequestError(
+            f"sparse.values: lengths sum to {total} but {values.numel()} values were sent"
+        )
+    if weights is not None and weights.numel() != values.numel():
+        raise InvalidRequestError(
+            f"sparse.weights: {weights.numel()} weights for {values.numel()} values (one per value, or none)"
+        )
+    per_key = lengths.view(num_keys, b).sum(dim=1)
+    if order is not None:
+        lengths, values, weights, per_key = _permute(
+            order, lengths.view(num_keys, b), values, weights, per_key
+        )
+    _check_ids(values, per_key, schema)
+    kjt = KeyedJaggedTensor(
+        keys=schema.feature_names,
+        values=values,
+        weights=weights,
+        lengths=lengths,
+        stride=b,
+        length_per_key=per_key.tolist(),
+        validate=False,
+    )
+    return InferenceRequest(dense, kjt, arrays.request_id)
+
+
+def _check_dense(dense: Tensor, b: int, width: int) -> Tensor:
+    if dense.numel() != b * width:
+        raise InvalidRequestError(
+            f"dense: expected {b} examples x {width} features = {b * width} floats, got {dense.numel()}"
+        )
+    dense = dense.view(b, width)
+    finite = torch.isfinite(dense)
+    if not bool(finite.all()):
+        row, col = (~finite).nonzero()[0].tolist()
+        raise InvalidRequestError(
+            f"dense: NaN or inf at example {row}, feature {col} ({dense[row, col].item()})"
+        )
+    return dense
+
+
+def _key_order(keys: list[str], expected: list[str]) -> list[int] | None:
+    """Indices that put ``keys`` in ``expected`` order (None when already there)."""
+    if keys == expected:
+        return None
+    index = {}
+    for i, k in enumerate(keys):
+        if k in index:
+            raise InvalidRequestError(f"sparse.keys: feature {k!r} appears twice")
+        index[k] = i
+    unknown = [k for k in keys if k not in set(expected)]
+    if unknown:
+        raise InvalidRequestError(
+            f"sparse.keys: unknown feature {unknown[0]!r} (the model's features: {expected})"
+        )
+    missing = [k for k in expected if k not in index]
+    if missing:
+        raise InvalidRequestError(f"sparse.keys: missing feature {missing[0]!r} (the model needs {expected})")
+    return [index[k] for k in expected]
+
+
+def _permute(
+    order: list[int], lengths_2d: Tensor, values: Tensor, weights: Tensor | None, per_key: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    splits = per_key.tolist()
+    value_parts = torch.split(values, splits)
+    new_values = torch.cat([value_parts[i] for i in order])
+    new_weights = None
+    if weights is not None:
+        weight_parts = torch.split(weights, splits)
+        new_weights = torch.cat([weight_parts[i] for i in order])
+    idx = torch.tensor(order)
+    return lengths_2d[idx].reshape(-1), new_values, new_weights, per_key[idx]
+
+
+def _check_ids(values: Tensor, per_key: Tensor, schema: ModelSchema) -> None:
+    if values.numel() == 0:
+        return
+    bound = torch.repeat_interleave(schema.num_embeddings, per_key)
+    bad = (values < 0) | (values >= bound)
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0])
+        key = int(torch.searchsorted(torch.cumsum(per_key, 0), pos, right=True))
+        name = schema.feature_names[key]
+        raise InvalidRequestError(
+            f"sparse.values: feature {name!r} has id {int(values[pos])} outside its table's range "
+            f"[0, {int(schema.num_embeddings[key])})"
+        )

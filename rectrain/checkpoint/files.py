@@ -1,0 +1,90 @@
+"""Durable checkpoint files: safetensors and text written, fsynced and checksummed; atomic renames."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from safetensors.torch import save_file
+from torch import Tensor
+
+from rectrain.checkpoint.errors import CheckpointError
+from rectrain.checkpoint.manifest import FileEntry
+
+_CHUNK = 8 << 20
+
+
+def sha256_of(path: Path) -> FileEntry:
+    """sha256 and size of a file (read in chunks)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileEntry(digest.hexdigest(), size)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entry to disk (directories: so a rename inside it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> FileEntry:
+    """Write ``tensors`` (contiguous, on cpu) to ``path``, fsync it, return its checksum and size."""
+    save_file(tensors, str(path))
+    fsync_path(path)
+    return sha256_of(path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` directory to ``final`` (replacing an older ``final``), durably."""
+    fsync_path(tmp)
+    if final.exists():
+        old = final.with_name(f".old_{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_path(final.parent)
+
+
+def check_file(path: Path, expected: FileEntry, verify_checksum: bool) -> None:
+    """CheckpointError naming ``path`` if it is missing, of the wrong size, or (optionally) wrong sha256."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (the manifest lists it); the checkpoint is incomplete")
+    size = path.stat().st_size
+    if size != expected.bytes:
+        raise CheckpointError(
+            f"{path}: {size} bytes, the manifest records {expected.bytes} (truncated or replaced)"
+        )
+    if verify_checksum:
+        actual = sha256_of(path).sha256
+        if actual != expected.sha256:
+            raise CheckpointError(
+                f"{path}: sha256 {actual} does not match the manifest's {expected.sha256} "
+                "(the file was altered)"
+            )

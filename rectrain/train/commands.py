@@ -1,0 +1,165 @@
+"""The ``rectrain train | plan | eval | bench`` commands: read the config, run on this rank, print results.
+
+Each runs alone (one process) or as one rank under ``torchrun`` (the process group is set up and torn down
+around it); only rank 0 prints. Results go to stdout, progress and logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from rectrain.distributed import ShardingEnv
+from rectrain.errors import ConfigError
+from rectrain.train.config import RunConfig
+
+_METRIC_ORDER = ("auc", "ne", "log_loss", "accuracy", "calibration", "num_examples")
+
+
+def load_config(args: argparse.Namespace) -> RunConfig:
+    """The ``--config`` file with ``--set`` overrides (and ``--strict`` when the command has it)."""
+    overrides = list(args.set or [])
+    if getattr(args, "strict", False):
+        overrides.append("data.strict=true")
+    return RunConfig.load(args.config, overrides)
+
+
+def run_on_ranks(fn: Callable[[ShardingEnv | None], int], distributed: bool) -> int:
+    """``fn(env)`` inside a torchrun session when ``distributed``, else ``fn(None)``."""
+    if not distributed:
+        return fn(None)
+    from rectrain.distributed.env import torchrun_session
+
+    with torchrun_session() as env:
+        return fn(env)
+
+
+def _is_reporting(env: ShardingEnv | None) -> bool:
+    return env is None or env.rank == 0
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    shown = [k for k in _METRIC_ORDER if k in metrics] + [k for k in metrics if k not in _METRIC_ORDER]
+    parts = []
+    for key in shown:
+        value = metrics[key]
+        if key == "num_examples":
+            parts.append(f"{key} {int(value):,}")
+        elif key != "step":
+            parts.append(f"{key} {value:.4f}" if isinstance(value, float) else f"{key} {value}")
+    return ", ".join(parts)
+
+
+def _json_line(event: str, payload: dict) -> str:
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in payload.items()}
+    return json.dumps({"event": event, **clean})
+
+
+def train_command(args: argparse.Namespace, distributed: bool) -> int:
+    from rectrain.train.job import TrainJob
+
+    config = load_config(args)
+
+    def on_rank(env: ShardingEnv | None) -> int:
+        job = TrainJob(config, env, progress_bar=not args.no_progress)
+        if _is_reporting(env) and job.training.plan is not None:
+            print(job.training.plan.report(), flush=True)
+        summary = job.run()
+        if _is_reporting(env):
+            trained = summary.end.step - summary.start.step
+            resumed = f" (resumed at step {summary.start.step})" if summary.start.step else ""
+            print(
+                f"trained {trained} steps{resumed} / {summary.end.examples - summary.start.examples:,} "
+                f"examples in {summary.seconds:.1f} s ({summary.examples_per_s:,.0f} examples/s)"
+            )
+            if summary.eval_metrics:
+                step = summary.eval_metrics["step"]
+                print(f"eval at step {step}: {format_metrics(summary.eval_metrics)}")
+            if summary.checkpoint is not None:
+                print(f"checkpoint: {summary.checkpoint}")
+            if summary.stopped_by_signal:
+                print("stopped by SIGTERM after checkpointing")
+        return 0
+
+    return run_on_ranks(on_rank, distributed)
+
+
+def plan_command(args: argparse.Namespace, world_size: int) -> int:
+    from rectrain.train.build import embedding_tables, make_plan
+
+    config = load_config(args)
+    plan = make_plan(config, embedding_tables(config), world_size, env=None)
+    print(plan.report())
+    if args.out:
+        plan.save(args.out)
+        print(f"plan written to {args.out} (use it with planner.plan_file)")
+    return 0
+
+
+def eval_command(args: argparse.Namespace, distributed: bool) -> int:
+    from rectrain.train.job import TrainJob
+
+    config = load_config(args)
+    directory = args.checkpoint or config.checkpoint.dir
+    if directory is None:
+        raise ConfigError("rectrain eval: give --checkpoint DIR or set checkpoint.dir in the config")
+
+    def on_rank(env: ShardingEnv | None) -> int:
+        from rectrain.checkpoint import load_checkpoint
+
+        job = TrainJob(config, env, progress_bar=False)
+        info = load_checkpoint(Path(directory), model=job.training.model, step=args.step, env=env)
+        metrics = job.evaluate()
+        if _is_reporting(env):
+            print(f"eval of {directory} at step {info.step}: {format_metrics(metrics)}")
+            print(_json_line("eval", {"step": info.step, "checkpoint": str(directory), **metrics}))
+        return 0
+
+    return run_on_ranks(on_rank, distributed)
+
+
+def bench_command(args: argparse.Namespace, distributed: bool) -> int:
+    from rectrain.train.job import TrainJob
+    from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+    config = load_config(args)
+
+    def on_rank(env: ShardingEnv | None) -> int:
+        job = TrainJob(config, env, progress_bar=False)
+        world_size = 1 if env is None else env.world_size
+        cached = [b for _, b in zip(range(4), job.data.train_batches())]  # data generation is not timed
+        if not cached:
+            raise ConfigError(f"{config.source}: data: no training batches to benchmark with")
+        pipeline_type = TrainPipelineSparseDist if config.train.pipeline else TrainPipelineBase
+        pipeline = pipeline_type(job.training.model, job.training.optimizer, job.training.device)
+        batches = (cached[i % len(cached)] for i in range(args.warmup + args.steps + 1))
+        for _ in range(args.warmup):
+            pipeline.progress(batches)
+        _barrier(env)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            pipeline.progress(batches)
+        _barrier(env)
+        seconds = time.perf_counter() - start
+        examples = args.steps * config.train.batch_size * world_size
+        if _is_reporting(env):
+            mode = "pipelined" if config.train.pipeline else "plain"
+            print(
+                f"{args.steps} steps ({mode}) of {config.train.batch_size} examples x {world_size} ranks "
+                f"in {seconds:.2f} s: {1e3 * seconds / args.steps:.1f} ms/step"
+            )
+            print(f"rectrain bench examples/s {examples / seconds:.0f}")
+        return 0
+
+    return run_on_ranks(on_rank, distributed)
+
+
+def _barrier(env: ShardingEnv | None) -> None:
+    if env is not None and env.pg is not None:
+        torch.distributed.barrier(group=env.pg)

@@ -1,0 +1,187 @@
+"""``RunConfig``: everything a training run needs, read from TOML (``rectrain train --config run.toml``).
+
+Sections: ``[model]`` (``ModelConfig``), ``[data]``, ``[optimizer]``, ``[planner]``, ``[train]``,
+``[checkpoint]``. Every key is checked (unknown keys are errors, with a did-you-mean) and so is its type; a
+message names the file, the key path and the expected type. Relative paths are relative to the working
+directory. ``--set section.key=value`` overrides are applied before checking, as if written in the file.
+
+The data's shape follows the model: dense width is ``model.dense_in_features`` and each feature's id range is
+the row count of the table that reads it, so sizes are written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rectrain.errors import ConfigError
+from rectrain.train.schema import (
+    apply_overrides,
+    choices,
+    load_toml,
+    non_negative,
+    positive,
+    read_section,
+    unknown_key_message,
+)
+
+if TYPE_CHECKING:
+    from rectrain.models.config import ModelConfig
+
+SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw")
+SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise")
+
+
+@dataclass
+class DataConfig:
+    """Where batches come from and which of them are held out for evaluation.
+
+    ``synthetic`` draws learnable labels (``rectrain.datasets.synthetic``); its held-out split comes from
+    batch streams no training rank reads. For files (``criteo``, ``movielens``) the held-out split is
+    ``eval_paths`` when given, else every ``holdout_every``-th batch of each rank's stream (never trained on).
+    ``num_batches`` is the synthetic epoch length per rank (default: as many as the run needs). MovieLens
+    ratings become binary labels: 1 when rating >= ``threshold``.
+    """
+
+    source: str = field(default="synthetic", metadata=choices("synthetic", "criteo", "movielens"))
+    paths: list[str] = field(default_factory=list)
+    eval_paths: list[str] = field(default_factory=list)
+    holdout_every: int = field(default=10, metadata={"minimum": 2})
+    strict: bool = False
+    num_workers: int = field(default=0, metadata=non_negative())
+    num_batches: int | None = field(default=None, metadata=positive())
+    ids_per_feature: list[int] = field(default_factory=lambda: [1, 1])
+    distribution: str = field(default="uniform", metadata=choices("uniform", "zipf"))
+    zipf_alpha: float = field(default=1.1, metadata=positive())
+    signal: float = field(default=2.0, metadata=positive())
+    threshold: float = 4.0
+
+
+@dataclass
+class OptimizerConfig:
+    """The fused embedding optimizer (runs inside backward) and the dense parameters' optimizer."""
+
+    sparse: str = field(default="rowwise_adagrad", metadata=choices(*SPARSE_OPTIMIZERS))
+    sparse_lr: float = field(default=0.05, metadata=positive())
+    dense: str = field(default="adagrad", metadata=choices(*DENSE_OPTIMIZERS))
+    dense_lr: float = field(default=0.05, metadata=positive())
+    dense_weight_decay: float = field(default=0.0, metadata=non_negative())
+
+
+@dataclass
+class PlannerConfig:
+    """How tables are sharded: a ``plan_file`` (ShardingPlan JSON), or the planner with these options.
+
+    ``ddr_cap_gb`` / ``hbm_cap_gb``: memory per rank (default: detected). ``sharding_types``: the types the
+    planner may choose for every table (default: all).
+    """
+
+    plan_file: str | None = None
+    local_world_size: int | None = field(default=None, metadata=positive())
+    ddr_cap_gb: float | None = field(default=None, metadata=positive())
+    hbm_cap_gb: float | None = field(default=None, metadata=positive())
+    sharding_types: list[str] | None = None
+    max_search_evaluations: int = field(default=256, metadata=positive())
+
+
+@dataclass
+class TrainConfig:
+    """The loop: per-rank batch size, length (``steps`` or ``epochs``), evaluation and logging cadence.
+
+    ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it).
+    """
+
+    batch_size: int = field(default=512, metadata=positive())
+    steps: int | None = field(default=None, metadata=positive())
+    epochs: int | None = field(default=None, metadata=positive())
+    eval_every: int = field(default=0, metadata=non_negative())
+    eval_batches: int = field(default=10, metadata=positive())
+    seed: int = field(default=0, metadata=non_negative())
+    pipeline: bool = True
+    log_every: int = field(default=10, metadata=positive())
+    metrics_log: str | None = None
+    device: str = field(default="auto", metadata=choices("auto", "cpu", "cuda"))
+    recall_k: int = field(default=10, metadata=positive())
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often to checkpoint; ``every_n_steps = 0`` saves only at the end (and on SIGTERM)."""
+
+    dir: str | None = None
+    every_n_steps: int = field(default=0, metadata=non_negative())
+    keep_last: int = field(default=3, metadata=positive())
+    resume: bool = True
+
+
+@dataclass
+class RunConfig:
+    """A whole run: ``RunConfig.load("run.toml", overrides=["train.steps=50"])``."""
+
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    source: str = "<config>"
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+        """Read and check ``path`` (TOML) with ``overrides`` applied; ``ConfigError`` names what is wrong."""
+        path = Path(path)
+        raw = load_toml(path)
+        return cls.from_dict(apply_overrides(raw, overrides), source=path.name)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "<config>") -> RunConfig:
+        """Check a parsed TOML document; ``source`` (the file name) prefixes every error message."""
+        from rectrain.models.config import ModelConfig
+
+        sections = {
+            "data": DataConfig,
+            "optimizer": OptimizerConfig,
+            "planner": PlannerConfig,
+            "train": TrainConfig,
+            "checkpoint": CheckpointConfig,
+        }
+        for key in raw:
+            if key != "model" and key not in sections:
+                raise ConfigError(f"{source}: {key}: {unknown_key_message(key, ['model', *sections])}")
+        if "model" not in raw:
+            raise ConfigError(f"{source}: model: missing; the [model] section is required")
+        try:
+            model = ModelConfig.from_dict(raw["model"], where="model")
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        parsed = {k: read_section(c, raw.get(k, {}), where=k, source=source) for k, c in sections.items()}
+        config = cls(model=model, source=source, **parsed)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Checks that span keys (each key's own type was checked when read)."""
+        data, train, src = self.data, self.train, self.source
+        if train.steps is not None and train.epochs is not None:
+            raise ConfigError(f"{src}: train: give steps or epochs, not both")
+        if train.steps is None and train.epochs is None:
+            raise ConfigError(f"{src}: train: give steps (an int) or epochs (an int)")
+        if data.source != "synthetic" and not data.paths:
+            raise ConfigError(f"{src}: data.paths: {data.source} needs at least one file")
+        if data.source == "synthetic" and (data.paths or data.eval_paths):
+            raise ConfigError(f"{src}: data.paths: synthetic data reads no files; remove paths")
+        if len(data.ids_per_feature) != 2 or not 0 <= data.ids_per_feature[0] <= data.ids_per_feature[1]:
+            raise ConfigError(
+                f"{src}: data.ids_per_feature: expected [lo, hi] with 0 <= lo <= hi, "
+                f"got {data.ids_per_feature}"
+            )
+        for name in self.planner.sharding_types or []:
+            if name not in SHARDING_TYPES:
+                raise ConfigError(
+                    f"{src}: planner.sharding_types: {name!r} is not one of {', '.join(SHARDING_TYPES)}"
+                )
+        if self.checkpoint.every_n_steps and self.checkpoint.dir is None:  # dir = "" turns saving off
+            raise ConfigError(f"{src}: checkpoint.every_n_steps is set but checkpoint.dir is not")

@@ -1,0 +1,177 @@
+"""The run's data: a rank's training stream and its held-out evaluation batches, built from a ``RunConfig``.
+
+The dataset's shape is taken from the model: the dense width is ``model.dense_in_features`` and each
+feature's id range is the row count of the table that reads it. The training stream of a rank is a fixed
+sequence (epochs one after another), so a resumed run skips the batches it already trained on.
+
+Held-out split: synthetic evaluation batches come from "virtual ranks" ``world_size .. 2 * world_size - 1``
+(the same hidden task, examples no training rank sees); file sources use ``eval_paths`` when given, else
+every ``holdout_every``-th batch of each rank's stream is kept out of training.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from rectrain.datasets import CriteoConfig, MovieLensConfig, SyntheticConfig, build_dataset
+from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, NUM_DENSE
+from rectrain.datasets.factory import DatasetConfig
+from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
+from rectrain.errors import ConfigError, RecTrainError
+from rectrain.models.batch import Batch
+from rectrain.train.config import RunConfig
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A rank's data: ``train_batches(start_step)`` (its stream from a step on) and ``eval_batches()``."""
+
+    config: RunConfig
+    rank: int
+    world_size: int
+
+    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's training batches, from batch ``start_step`` on (``epochs`` passes, else endless)."""
+        data, train = self.config.data, self.config.train
+        dataset_config = _dataset_config(self.config, data.paths)
+        if isinstance(dataset_config, SyntheticConfig) and data.num_workers == 0:
+            return _synthetic_stream(self.config, dataset_config, self.rank, self.world_size, start_step)
+        dataset = build_dataset(dataset_config, self.rank, self.world_size)
+        stream = _epochs(dataset, data.num_workers, train.epochs, self.config.source)
+        if _holds_out_batches(self.config):
+            k = data.holdout_every
+            stream = (b for i, b in enumerate(stream) if i % k != k - 1)
+        return itertools.islice(stream, start_step, None)
+
+    def eval_batches(self) -> Iterator[Batch]:
+        """The first ``train.eval_batches`` held-out batches of this rank (the same ones every time)."""
+        data, count = self.config.data, self.config.train.eval_batches
+        if data.source == "synthetic":
+            dataset_config = replace(_dataset_config(self.config, []), num_batches=count)
+            dataset = build_dataset(dataset_config, self.rank + self.world_size, 2 * self.world_size)
+            return iter(dataset)
+        paths = data.eval_paths or data.paths
+        dataset = build_dataset(_dataset_config(self.config, paths), self.rank, self.world_size)
+        stream: Iterable[Batch] = _loader(dataset, data.num_workers)
+        if _holds_out_batches(self.config):
+            k = data.holdout_every
+            stream = (b for i, b in enumerate(stream) if i % k == k - 1)
+        return itertools.islice(stream, count)
+
+
+def _holds_out_batches(config: RunConfig) -> bool:
+    return config.data.source != "synthetic" and not config.data.eval_paths
+
+
+def _loader(dataset: IterableDataset, num_workers: int) -> Iterable[Batch]:
+    if num_workers == 0:
+        return dataset
+    return _from_workers(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+
+
+def _from_workers(loader: DataLoader) -> Iterator[Batch]:
+    """The loader's batches; a malformed row in a worker (``strict``) is raised as ``MalformedRowError``.
+
+    DataLoader re-raises a worker's exception by rebuilding it from its message, which MalformedRowError's
+    signature does not allow, so it arrives as a RuntimeError carrying the worker's traceback.
+    """
+    try:
+        yield from loader
+    except RuntimeError as e:
+        last_line = str(e).strip().splitlines()[-1]
+        name, _, message = last_line.partition(": ")
+        if not name.endswith("MalformedRowError"):
+            raise
+        raise RecTrainError(f"malformed row (strict): {message}") from None
+
+
+def _epochs(dataset: IterableDataset, num_workers: int, epochs: int | None, source: str) -> Iterator[Batch]:
+    passes = range(epochs) if epochs is not None else itertools.count()
+    for epoch in passes:
+        empty = True
+        for batch in _loader(dataset, num_workers):
+            empty = False
+            yield batch
+        if empty:
+            raise ConfigError(f"{source}: data.paths: epoch {epoch} gave this rank no batches")
+
+
+def _synthetic_stream(
+    config: RunConfig, dataset_config: SyntheticConfig, rank: int, world_size: int, start: int
+) -> Iterator[Batch]:
+    """Synthetic batches by index (each a pure function of seed, rank, index): a resume skips for free."""
+    train = config.train
+    per_epoch = config.data.num_batches or train.steps or 1
+    dataset = build_dataset(replace(dataset_config, num_batches=per_epoch), rank, world_size)
+    end = per_epoch * train.epochs if train.epochs is not None else None
+    indices = itertools.count(start) if end is None else range(start, end)
+    return (dataset.batch(i % per_epoch) for i in indices)
+
+
+def feature_rows(config: RunConfig) -> dict[str, int]:
+    """``{feature: rows of the table that reads it}`` from the model's tables (the smallest if several)."""
+    rows: dict[str, int] = {}
+    for table in config.model.tables:
+        for feature in table.feature_names:
+            rows[feature] = min(rows.get(feature, table.num_embeddings), table.num_embeddings)
+    return rows
+
+
+def _dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
+    data, model, src = config.data, config.model, config.source
+    rows = feature_rows(config)
+    batch_size = config.train.batch_size
+    if data.source == "synthetic":
+        names = [f"cat_{i}" for i in range(len(rows))]
+        _require_features(src, "synthetic data", names, rows, exact=True)
+        return SyntheticConfig(
+            batch_size=batch_size,
+            num_batches=data.num_batches or 1,
+            num_dense=model.dense_in_features,
+            num_sparse=len(names),
+            num_embeddings=[rows[n] for n in names],
+            ids_per_feature=(data.ids_per_feature[0], data.ids_per_feature[1]),
+            distribution=data.distribution,
+            zipf_alpha=data.zipf_alpha,
+            signal=data.signal,
+            seed=config.train.seed,
+        )
+    if data.source == "criteo":
+        if model.dense_in_features != NUM_DENSE:
+            raise ConfigError(
+                f"{src}: model.dense_in_features: Criteo rows have {NUM_DENSE} integer features, "
+                f"got {model.dense_in_features}"
+            )
+        _require_features(src, "Criteo rows", DEFAULT_CAT_NAMES, rows, exact=True)
+        return CriteoConfig(
+            paths=list(paths),
+            batch_size=batch_size,
+            num_embeddings=[rows[n] for n in DEFAULT_CAT_NAMES],
+            strict=data.strict,
+        )
+    _require_features(src, "MovieLens ratings", MOVIELENS_FEATURES, rows, exact=False)
+    return MovieLensConfig(
+        paths=list(paths),
+        batch_size=batch_size,
+        num_user_embeddings=rows["user_id"],
+        num_movie_embeddings=rows["movie_id"],
+        threshold=data.threshold,
+        strict=data.strict,
+    )
+
+
+def _require_features(source: str, what: str, names: list[str], rows: dict[str, int], *, exact: bool) -> None:
+    """The model's tables must read exactly the data's features (``exact``) or at least these."""
+    missing = [n for n in names if n not in rows]
+    extra = sorted(set(rows) - set(names)) if exact else []
+    if missing or extra:
+        raise ConfigError(
+            f"{source}: model.tables: {what} have the features {names[0]}..{names[-1]} "
+            f"({len(names)}); the tables read {sorted(rows)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else "")
+        )

@@ -1,0 +1,194 @@
+"""`recserve serve` as its own process: SIGTERM drain, workers on one port, TLS, `query`, `loadgen`."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from recserve.client import PredictorClient
+from recserve.client.loadgen import LoadgenConfig, run_loadgen
+
+from .conftest import free_port, parse_metrics, random_batch
+
+CLI = [sys.executable, "-m", "recserve.cli"]
+
+
+def start_serve(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.Popen(
+        [*CLI, "serve", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_serving(client: PredictorClient, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if client.health(timeout=1) == "SERVING":
+                return
+        except grpc.RpcError:
+            time.sleep(0.2)
+    raise TimeoutError("server did not become ready")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_queued_requests_and_exits_zero(package):
+    port = free_port()
+    proc = start_serve(
+        "--package", str(package), "--port", str(port), "--metrics-port", "-1", "--max-queue-delay-ms", "500"
+    )
+    client = PredictorClient(f"127.0.0.1:{port}")
+    try:
+        wait_serving(client, proc)
+        results, errors = [], []
+
+        def call():
+            try:
+                results.append(client.predict(*random_batch(2), timeout=20))
+            except grpc.RpcError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # the requests wait in the batcher (delay 500 ms)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert errors == [] and len(results) == 4
+    assert "drained and stopped" in proc.stdout.read()
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_port_and_one_metrics_page(package):
+    port, metrics_port = free_port(), free_port()
+    proc = start_serve(
+        "--package", str(package), "--port", str(port), "--metrics-port", str(metrics_port), "--workers", "2"
+    )
+    try:
+        clients = [PredictorClient(f"127.0.0.1:{port}") for _ in range(6)]  # a channel per client: spread
+        wait_serving(clients[0], proc)
+        for c in clients:
+            c.wait_ready(60)
+            assert c.predict(*random_batch(3)).shape == (3,)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        metrics = parse_metrics(text)
+        ok = (("code", "OK"), ("method", "recserve.v1.Predictor/Predict"))
+        assert metrics["recserve_requests_total"][ok] == 6  # summed over both workers
+        assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "1"))] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.stdout.read().count("drained and stopped") == 2
+
+
+def _make_certs(d: Path) -> dict[str, Path]:
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+    )
+    for name in ("server", "client"):
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            "/CN=localhost",
+        )
+        (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "1", "-extfile", "san.ext")  # fmt: skip
+    return {n: d / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+@pytest.mark.slow
+def test_mutual_tls_and_the_query_command(package, tmp_path):
+    from .conftest import running_server
+
+    c = _make_certs(tmp_path)
+    tls = dict(tls_cert=c["server.pem"], tls_key=c["server.key"], tls_client_ca=c["ca.pem"])
+    with running_server(package, **tls) as server:
+        addr = f"localhost:{server.port}"
+        secure = PredictorClient(
+            addr, root_certificates=c["ca.pem"], client_key=c["client.key"], client_cert=c["client.pem"]
+        )
+        assert secure.predict(*random_batch(2)).shape == (2,)
+        with pytest.raises(grpc.RpcError):  # no client certificate: refused
+            PredictorClient(addr, root_certificates=c["ca.pem"], timeout=5).predict(*random_batch(2))
+        example = tmp_path / "ex.json"
+        example.write_text(
+            json.dumps({"dense": [[0.1, 0.2, 0.3, 0.4]], "sparse": {"f0": [[1, 2]], "f1": [[3]], "f2": [[]]}})
+        )
+        tls_args = [
+            "--tls-ca",
+            str(c["ca.pem"]),
+            "--tls-cert",
+            str(c["client.pem"]),
+            "--tls-key",
+            str(c["client.key"]),
+        ]
+        out = subprocess.run(
+            [*CLI, "query", "--target", addr, "--input", str(example), *tls_args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        reply = json.loads(out.stdout)
+        expected = secure.predict_lists([[0.1, 0.2, 0.3, 0.4]], {"f0": [[1, 2]], "f1": [[3]], "f2": [[]]})
+        assert reply["model_version"] == "1" and reply["scores"] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_loadgen_reports_throughput_latency_and_errors(package):
+    from .conftest import running_server
+
+    with running_server(package, max_queue_delay_ms=1) as server:
+        r = run_loadgen(
+            LoadgenConfig(
+                f"127.0.0.1:{server.port}",
+                concurrency=4,
+                duration_s=1.0,
+                request_batch=8,
+                processes=1,
+                warmup_s=0.2,
+            )
+        )
+    assert r.errors == {} and r.requests > 10
+    assert 0 < r.percentile_ms(50) <= r.percentile_ms(99) <= r.percentile_ms(100)
+    assert r.examples_per_s == pytest.approx(r.requests * 8 / 1.0)
+    assert "p99" in r.summary()

@@ -1,0 +1,69 @@
+"""Hot reload under load: a new version swapped in with zero failed requests; a broken one leaves the old."""
+
+import json
+import shutil
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from recserve.client import PredictorClient
+
+from .conftest import random_batch, running_server, scrape, target
+
+
+def _hammer(client, stop: threading.Event, versions: Counter, errors: list) -> None:
+    dense, kjt = random_batch(4, seed=5)
+    while not stop.is_set():
+        try:
+            versions[client.predict_response(dense, kjt, timeout=10).model_version] += 1
+        except grpc.RpcError as e:  # any failure fails the test
+            errors.append(f"{e.code()}: {e.details()}")
+
+
+@pytest.mark.slow
+def test_watch_dir_swaps_versions_under_load_without_a_failed_request(packages, tmp_path):
+    watch = tmp_path / "models"
+    shutil.copytree(packages["1"], watch / "1")
+    with running_server(None, watch=watch, watch_interval_s=0.1, max_queue_delay_ms=1) as server:
+        client = PredictorClient(target(server))
+        stop, versions, errors = threading.Event(), Counter(), []
+        threads = [threading.Thread(target=_hammer, args=(client, stop, versions, errors)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        shutil.copytree(packages["2"], watch / "2")  # manifest.json lands with the rest; watch picks it up
+        deadline = time.monotonic() + 20
+        while versions["2"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join()
+        metrics = scrape(server)
+    assert errors == []
+    assert versions["1"] > 0 and versions["2"] >= 20
+    assert metrics["recserve_model_reloads_total"][(("result", "success"),)] == 1
+    assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "2"))] == 1
+    assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "1"))] == 0
+
+
+def test_admin_reload_of_a_broken_package_keeps_the_old_model(packages, tmp_path):
+    broken = shutil.copytree(packages["2"], tmp_path / "broken")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["model_config"]["tables"][0]["embedding_dim"] = "x"
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with running_server(packages["1"]) as server:
+        client = PredictorClient(target(server))
+        with pytest.raises(grpc.RpcError) as info:
+            client.reload(broken)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "still serving tiny 1" in info.value.details()
+        assert client.predict_response(*random_batch(2)).model_version == "1"
+        assert client.reload(packages["2"]) == ("tiny", "2", True)
+        assert client.predict_response(*random_batch(2)).model_version == "2"
+        assert client.reload(packages["2"]) == ("tiny", "2", False)
+        metrics = scrape(server)
+    assert metrics["recserve_model_reloads_total"][(("result", "failure"),)] == 1
+    assert metrics["recserve_model_reloads_total"][(("result", "success"),)] == 1
