@@ -120,7 +120,6 @@ def accuracy_report(
     dtypes of ``compare_dtypes``); ``quantized``, ``placement`` and ``dense_state`` are the package's.
     """
     sample = sample or synthetic_sample(cfg)
-    # no_grad, not inference_mode: FBGEMM 1.8.0's CPU training lookup has no kernel below autograd.
     with torch.no_grad():
         reference = _batched_logits(_fp32_model(cfg, state_dict), sample)
     labels = sample.labels
@@ -129,6 +128,11 @@ def accuracy_report(
         gen = torch.Generator().manual_seed(1)
         labels = torch.bernoulli(torch.sigmoid(reference), generator=gen)
         label_source = "bernoulli(sigmoid(fp32 logit))"
+        if labels.min() == labels.max():
+            # A barely trained model can score every example far to one side, and AUC needs both classes;
+            # ranking against the fp32 model's own median still measures what quantization does to the order.
+            labels = (reference.reshape(-1) > reference.median()).to(labels.dtype).reshape(labels.shape)
+            label_source = "fp32 logit above its median (sampled labels were all one class)"
     reference_auc = auc(torch.sigmoid(reference), labels)
     report: dict[str, Any] = {
         "sample": {"examples": int(sample.dense.shape[0]), "labels": label_source},

@@ -135,14 +135,22 @@ class FusedTableBatch:
     def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
         """Pooled ``[batch, sum of feature dims]`` (or, unpooled, ``[num ids, dim]``) embeddings."""
         try:
-            if self._cpu_adam is not None:
-                return self._cpu_adam(indices, offsets, per_sample_weights)
-            return self.tbe(indices, offsets, per_sample_weights)
+            if torch.is_inference_mode_enabled():
+                # FBGEMM's training lookup is registered only with an autograd kernel, which inference mode
+                # skips; a no-grad lookup outside inference mode computes the same result.
+                with torch.inference_mode(False), torch.no_grad():
+                    return self._lookup(indices.clone(), offsets.clone(), _clone(per_sample_weights))
+            return self._lookup(indices, offsets, per_sample_weights)
         except RuntimeError as error:
             out_of_range = self._find_out_of_range_id(indices, offsets)
             if out_of_range is not None:
                 raise out_of_range from error
             raise
+
+    def _lookup(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> Tensor:
+        if self._cpu_adam is not None:
+            return self._cpu_adam(indices, offsets, per_sample_weights)
+        return self.tbe(indices, offsets, per_sample_weights)
 
     def _find_out_of_range_id(self, indices: Tensor, offsets: Tensor) -> ValueError | None:
         """Name the first feature holding an id outside its table; only called after FBGEMM failed."""
@@ -189,3 +197,7 @@ class FusedTableBatch:
 
     def get_learning_rate(self) -> float:
         return self._cpu_adam.lr if self._cpu_adam is not None else self.tbe.get_learning_rate()
+
+
+def _clone(tensor: Tensor | None) -> Tensor | None:
+    return None if tensor is None else tensor.clone()

@@ -55,6 +55,16 @@ def test_forward_matches_reference_sum_and_mean_with_empty_bags(batch_size: int)
     assert out.length_per_key() == [8, 4, 4, 16]
 
 
+def test_forward_under_inference_mode_equals_the_training_forward() -> None:
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables_mixed())
+    kjt = random_batch(rows_of(tables_mixed()), 5, torch.Generator().manual_seed(4)).kjt()
+    expected = ebc(kjt).values().detach()
+    with torch.inference_mode():
+        out = ebc(kjt).values()
+    assert torch.equal(out, expected)
+
+
 def test_forward_with_all_bags_empty_is_zero() -> None:
     ebc = EmbeddingBagCollection(tables_mixed())
     batch = random_batch(rows_of(tables_mixed()), 3, torch.Generator().manual_seed(2), max_len=0)

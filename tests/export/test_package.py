@@ -120,6 +120,20 @@ def test_accuracy_gate_refuses_unless_forced(tmp_path):
     assert accuracy["forced"] and not accuracy["passed"]
 
 
+def test_a_model_that_scores_everything_one_way_still_gets_an_accuracy_report(tmp_path):
+    # An untrained model whose logits are all far below 0 would draw labels of one class and no AUC.
+    state = dict(STATE)
+    bias = "model.over_arch.model.1.bias"
+    state[bias] = torch.full_like(state[bias], -60.0)
+    path = export_package(
+        tmp_path / "skewed", model_config=CFG, state_dict=state, dtype="int8", accuracy_sample=SAMPLE
+    )
+    accuracy = read_manifest(path).accuracy
+    assert accuracy["passed"]
+    assert "median" in accuracy["sample"]["labels"]
+    assert accuracy["fp32_auc"] == 1.0
+
+
 def test_bad_export_requests_are_named(tmp_path, package):
     with pytest.raises(ExportError, match=r"unknown tables \['nope'\]"):
         _export(tmp_path / "a", table_dtypes={"nope": "int4"})
