@@ -63,10 +63,13 @@ def in_process_examples_per_s(package: Path, batch: int = 512, iters: int = 50) 
     dense = torch.randn(batch, DENSE, generator=g)
     for _ in range(5):
         predictor.predict(dense, kjt)
-    start = time.perf_counter()
-    for _ in range(iters):
-        predictor.predict(dense, kjt)
-    return batch * iters / (time.perf_counter() - start)
+    best = float("inf")  # best of 5 windows: a busy neighbour must not flatter the served/in-process ratio
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(iters // 5):
+            predictor.predict(dense, kjt)
+        best = min(best, time.perf_counter() - start)
+    return batch * (iters // 5) / best
 
 
 def start_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
