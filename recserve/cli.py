@@ -1,4 +1,4 @@
-"""The ``recserve`` command line: ``export``, and the server's ``serve`` / ``query`` / ``loadgen``."""
+"""The ``recserve`` command line: ``export``, the server's ``serve`` / ``query`` / ``loadgen``; ``main``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from recserve.errors import RecServeError
 from recserve.export.cli import add_export_command
+from recserve.mainjob.cli import add_main_command
 from recserve.server.cli import add_serve_commands
 from rectrain.errors import RecTrainError
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_export_command(subparsers)
     add_serve_commands(subparsers)
+    add_main_command(subparsers)
     return parser
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from recserve.mainjob.cli import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""The main job's results: read back from its artefacts and outputs, and printed as one summary."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from recserve.mainjob.config import MainJobError
+
+_LOADGEN = re.compile(
+    r"(?P<eps>[\d,.]+) examples/s .*?p50 (?P<p50>[\d.]+) .*?p99 (?P<p99>[\d.]+) .*?errors: (?P<errors>.*)$"
+)
+
+
+@dataclass
+class TablePlacement:
+    """Where one table was trained: its sharding type and the ranks holding its shards."""
+
+    table: str
+    sharding_type: str
+    ranks: list[int]
+
+
+@dataclass
+class MainJobSummary:
+    """Everything the main job measured; written to ``OUT/summary.json`` and printed by ``format_summary``."""
+
+    out: str
+    eval_auc: float
+    eval_ne: float
+    eval_log_loss: float
+    train_steps: int
+    plan: list[TablePlacement]
+    checkpoint_dir: str
+    checkpoint_mb: float
+    package_dir: str
+    package_mb: float
+    served_rows: int
+    served_auc: float
+    served_max_abs_diff: float
+    throughput_examples_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    loadgen_errors: str
+    metrics_url: str
+    server_exit_code: int | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def dir_mb(path: Path) -> float:
+    """Total size of the files under ``path`` in MB (10^6 bytes)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def last_eval(metrics_log: Path) -> dict:
+    """The last ``"event": "eval"`` record of the training job's JSONL metrics log."""
+    if not metrics_log.exists():
+        raise MainJobError(f"stage 'train': {metrics_log} was not written")
+    records = [json.loads(line) for line in metrics_log.read_text().splitlines() if line.strip()]
+    evals = [r for r in records if r.get("event") == "eval"]
+    if not evals:
+        raise MainJobError(f"stage 'train': {metrics_log} holds no eval record ({len(records)} records)")
+    return evals[-1]
+
+
+def plan_of(step_dir: Path) -> list[TablePlacement]:
+    """Per-table sharding type and ranks from the checkpoint manifest's sharding plan."""
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    placements = []
+    for module in manifest["plan"]["modules"].values():
+        for table, entry in module.items():
+            placements.append(TablePlacement(table, entry["sharding_type"], sorted(entry["ranks"])))
+    return placements
+
+
+def parse_loadgen(output: str) -> tuple[float, float, float, str]:
+    """``(examples/s, p50 ms, p99 ms, errors)`` from ``recserve loadgen``'s summary line."""
+    for line in reversed(output.splitlines()):
+        match = _LOADGEN.search(line)
+        if match:
+            eps = float(match["eps"].replace(",", ""))
+            return eps, float(match["p50"]), float(match["p99"]), match["errors"].strip()
+    raise MainJobError(f"stage 'loadgen': no summary line in its output:\n{output[-2000:]}")
+
+
+def format_plan(plan: list[TablePlacement]) -> str:
+    """Tables grouped by (sharding type, ranks): ``table_wise on rank 0: t_cat_0, t_cat_2, ...``."""
+    groups: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for p in sorted(plan, key=lambda p: _natural(p.table)):
+        groups.setdefault((p.sharding_type, tuple(p.ranks)), []).append(p.table)
+    lines = []
+    for (kind, ranks), tables in sorted(groups.items()):
+        where = "rank" if len(ranks) == 1 else "ranks"
+        lines.append(
+            f"    {kind} on {where} {','.join(map(str, ranks))}: {len(tables)} tables ({', '.join(tables)})"
+        )
+    return "\n".join(lines)
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def format_summary(s: MainJobSummary) -> str:
+    """The human-readable summary printed at the end of the main job."""
+    total = sum(s.stage_seconds.values())
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in s.stage_seconds.items())
+    return "\n".join(
+        [
+            "== main job summary ==",
+            f"eval (held-out, step {s.train_steps}): AUC {s.eval_auc:.4f}  NE {s.eval_ne:.4f}  "
+            f"log loss {s.eval_log_loss:.4f}",
+            f"plan ({len(s.plan)} tables):",
+            format_plan(s.plan),
+            f"checkpoint: {s.checkpoint_dir} ({s.checkpoint_mb:.2f} MB)",
+            f"package (int8): {s.package_dir} ({s.package_mb:.2f} MB)",
+            f"served {s.served_rows} held-out rows: AUC {s.served_auc:.4f}, "
+            f"max |server - in-process Predictor| = {s.served_max_abs_diff:.2e}",
+            f"load test: {s.throughput_examples_per_s:,.0f} examples/s, "
+            f"latency p50 {s.latency_p50_ms:.2f} ms, p99 {s.latency_p99_ms:.2f} ms, "
+            f"errors: {s.loadgen_errors}",
+            f"metrics: {s.metrics_url} (scraped to metrics.prom; the server is stopped after this summary)",
+            f"time: {total:.1f} s ({stages})",
+            f"output: {s.out}",
+        ]
+    )
