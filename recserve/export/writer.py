@@ -26,20 +26,13 @@ from recserve.runtime.package import (
     weights_key,
 )
 from recserve.runtime.placement import TableShard
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from rectrain.durable import fsync_path
 
 
 def _save(tensors: dict[str, Tensor], path: Path) -> dict[str, object]:
     """Save ``tensors`` as safetensors at ``path``; its manifest entry (sha256, bytes)."""
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-    _fsync(path)
+    fsync_path(path)
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
@@ -82,12 +75,12 @@ def write_package(
         manifest.files = files
         manifest_path = staging / MANIFEST_FILE
         manifest_path.write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
-        _fsync(manifest_path)
-        _fsync(staging)
+        fsync_path(manifest_path)
+        fsync_path(staging)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
-        _fsync(out.parent)
+        fsync_path(out.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

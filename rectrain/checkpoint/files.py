@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -13,6 +12,7 @@ from torch import Tensor
 
 from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import FileEntry
+from rectrain.durable import fsync_path
 
 _CHUNK = 8 << 20
 
@@ -27,35 +27,11 @@ def sha256_of(path: Path) -> FileEntry:
     return FileEntry(digest.hexdigest(), size)
 
 
-def fsync_path(path: Path) -> None:
-    """Flush a file's or a directory's entry to disk (directories: so a rename inside it survives a crash)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> FileEntry:
     """Write ``tensors`` (contiguous, on cpu) to ``path``, fsync it, return its checksum and size."""
     save_file(tensors, str(path))
     fsync_path(path)
     return sha256_of(path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` atomically: temp file in the same directory, fsync, rename, fsync dir."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
 
 
 def publish_dir(tmp: Path, final: Path) -> None:

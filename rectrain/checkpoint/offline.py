@@ -14,13 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rectrain.checkpoint.files import (
-    check_file,
-    fsync_path,
-    publish_dir,
-    write_safetensors,
-    write_text_atomic,
-)
+from rectrain.checkpoint.files import check_file, publish_dir, write_safetensors
 from rectrain.checkpoint.manifest import (
     DENSE_FILE,
     LATEST,
@@ -37,6 +31,7 @@ from rectrain.checkpoint.manifest import (
 from rectrain.checkpoint.reader import CheckpointReader
 from rectrain.checkpoint.save import TMP_PREFIX
 from rectrain.distributed.sharded_table import shard_tables_of
+from rectrain.durable import fsync_path, write_text_atomic
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology

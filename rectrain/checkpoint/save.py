@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from rectrain.checkpoint import model_state
 from rectrain.checkpoint.errors import CheckpointError
-from rectrain.checkpoint.files import publish_dir, write_safetensors, write_text_atomic
+from rectrain.checkpoint.files import publish_dir, write_safetensors
 from rectrain.checkpoint.manifest import (
     DENSE_FILE,
     LATEST,
@@ -43,6 +43,7 @@ from rectrain.checkpoint.manifest import (
 from rectrain.checkpoint.optimizer_state import dense_optimizers, flatten
 from rectrain.checkpoint.sync import all_gather_object, barrier, broadcast_object, resolve_env
 from rectrain.distributed.env import ShardingEnv
+from rectrain.durable import write_text_atomic
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)

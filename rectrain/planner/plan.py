@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rectrain.durable import write_text_atomic
 from rectrain.errors import ConfigError
 from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 from rectrain.planner.validate import validate_sharding
@@ -150,17 +150,7 @@ class ShardingPlan:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the JSON atomically (temp file, fsync, rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json() + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(Path(path), self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ShardingPlan:
