@@ -68,6 +68,15 @@ def _placement(device: torch.device) -> tuple[EmbeddingLocation, ComputeDevice]:
     raise ConfigError(f"device must be cpu or cuda, got {device}")
 
 
+def _check_dim(table: BaseEmbeddingConfig) -> None:
+    # FBGEMM's batched kernels vectorise rows 4 floats at a time and assert on anything else.
+    if table.embedding_dim % 4:
+        raise ConfigError(
+            f"table {table.name!r}: embedding_dim must be a multiple of 4 for FBGEMM's batched kernels, "
+            f"got {table.embedding_dim}"
+        )
+
+
 def _precision(table: BaseEmbeddingConfig) -> SparseType:
     if table.data_type not in _TRAINING_PRECISIONS:
         names = ", ".join(d.value for d in _TRAINING_PRECISIONS)
@@ -99,6 +108,8 @@ class FusedTableBatch:
         self.tables = list(tables)
         self.feature_names = [name for table in self.tables for name in table.feature_names]
         self.optimizer = optimizer.optimizer
+        for table in self.tables:
+            _check_dim(table)
         precisions = {_precision(table) for table in self.tables}
         assert len(precisions) == 1, "tables of one TBE must share a data_type (see group_tables)"
         cpu_adam = optimizer.optimizer is EmbOptimType.ADAM and device.type == "cpu"

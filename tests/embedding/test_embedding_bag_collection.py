@@ -143,6 +143,10 @@ def test_id_out_of_range_is_named() -> None:
             "duplicate table name 't'",
         ),
         ([EmbeddingBagConfig(num_embeddings=4, embedding_dim=4, feature_names=["f"])], "has no name"),
+        (
+            [EmbeddingBagConfig(name="odd", num_embeddings=4, embedding_dim=6)],
+            "table 'odd': embedding_dim must be a multiple of 4 for FBGEMM's batched kernels, got 6",
+        ),
     ],
 )
 def test_bad_tables_raise_config_error(tables: list[EmbeddingBagConfig], message: str) -> None:
