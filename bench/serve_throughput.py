@@ -4,7 +4,7 @@ Exports the standard DLRM (8 tables x 100k x 64, int8 tables, fp32 dense; seeded
 package, measures ``Predictor.predict`` at batch 512 in process, then starts ``recserve serve`` in its own
 process(es) and drives it with the load generator (request batch 64, closed loop) on the same machine.
 
-    .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers 1]
+    .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers N]
         [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2]
 
 Goal (issue 7): served examples/s >= 50% of in-process at batch 512, with p99 <= 25 ms.
@@ -101,7 +101,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--batch", type=int, default=64, help="examples per request")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="server processes (default: one per core, the CPU serving setup docs/serving.md recommends)",
+    )
     ap.add_argument("--max-batch-size", type=int, default=512)
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     ap.add_argument("--sweep", default="", help="also sweep these concurrency levels (5 s each)")

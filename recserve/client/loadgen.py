@@ -1,10 +1,11 @@
 """Load generator: closed-loop clients in their own processes, throughput and latency percentiles.
 
-Each process runs ``concurrency / processes`` asyncio callers on one channel; every caller sends a request,
-waits for the reply, and sends the next (closed loop). Requests are built once from the server's
-``ModelMetadata`` (random ids inside each table, standard-normal dense features) and sent as pre-serialized
-bytes, so the client spends its CPU on gRPC, not on protobuf. Latency is measured per request from send to
-reply; the first ``warmup_s`` seconds are not counted. A sweep repeats the run per concurrency level.
+Each process runs ``concurrency / processes`` asyncio callers, each on its own channel and connection (as
+independent clients are); every caller sends a request, waits for the reply, and sends the next (closed
+loop). Requests are built once from the server's ``ModelMetadata`` (random ids inside each table,
+standard-normal dense features) and sent as pre-serialized bytes, so the client spends its CPU on gRPC, not
+on protobuf. Latency is measured per request from send to reply; the first ``warmup_s`` seconds are not
+counted. A sweep repeats the run per concurrency level.
 """
 
 from __future__ import annotations
@@ -115,13 +116,28 @@ async def _caller(call, requests: list[bytes], offset: int, t_from: float, t_to:
 async def _run_process(target, requests, callers, t_from, t_to, timeout, offset):
     import grpc
 
-    options = [("grpc.max_send_message_length", 1 << 28), ("grpc.max_receive_message_length", 1 << 28)]
+    options = [
+        ("grpc.max_send_message_length", 1 << 28),
+        ("grpc.max_receive_message_length", 1 << 28),
+        # Each caller is an independent client with its own TCP connection (gRPC would otherwise share one
+        # per process), so several SO_REUSEPORT workers see the load spread over them as in production.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     out: tuple[list[float], Counter] = ([], Counter())
-    async with grpc.aio.insecure_channel(target, options=options) as channel:
-        call = channel.unary_unary(PREDICT_METHOD)  # bytes in, bytes out: no (de)serialization cost
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(callers)]
+    try:
+        await asyncio.gather(*(channel.channel_ready() for channel in channels))
         await asyncio.gather(
-            *(_caller(call, requests, offset + 7 * c, t_from, t_to, timeout, out) for c in range(callers))
+            *(
+                # bytes in, bytes out: no (de)serialization cost
+                _caller(
+                    channel.unary_unary(PREDICT_METHOD), requests, offset + 7 * c, t_from, t_to, timeout, out
+                )
+                for c, channel in enumerate(channels)
+            )
         )
+    finally:
+        await asyncio.gather(*(channel.close() for channel in channels))
     return out
 
 
