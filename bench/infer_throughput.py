@@ -11,8 +11,10 @@ batch size, on the peer script's request (ids per feature uniform 1..39, ids uni
 The peer, ``/work/shared/bench/peer_torchrec_infer.py`` (TorchRec's quantized DLRM, its venv built by
 setup_peer.sh on first use), runs ``--repeats`` times alternating with our run at ``--dtype`` and
 ``--batch``; each side reports its best run (on a shared machine other load only slows a run down).
-``--compile`` also times the dense part under ``torch.compile``. Also prints package size and accuracy per
-dtype. Last line:
+``--compile`` also times the dense part under ``torch.compile``; ``--dense-dtypes bf16`` (the default) also
+times the ``--dtype`` package with a bf16 dense part (on CPUs with AVX512-BF16 or AMX, oneDNN runs it much
+faster; it is not the peer's fp32 dense part, so it stays out of the ratio). Also prints package size and
+accuracy per dtype. Last line:
 ``rectrain <dtype> infer examples/s <N>``.
 """
 
@@ -91,7 +93,7 @@ def peer_examples_per_second(batch: int) -> float | None:
     return float(out.strip().splitlines()[-1].split()[-1])
 
 
-def export_all(root: Path, dtypes: list[str]) -> dict[str, Path]:
+def export_all(root: Path, dtypes: list[str], dense_dtype: str = "fp32") -> dict[str, Path]:
     cfg = workload_config()
     torch.manual_seed(0)
     state = build_model(cfg).state_dict()
@@ -100,7 +102,13 @@ def export_all(root: Path, dtypes: list[str]) -> dict[str, Path]:
     for dtype in dtypes:
         started = time.perf_counter()
         packages[dtype] = export_package(
-            root / dtype, model_config=cfg, state_dict=state, dtype=dtype, accuracy_sample=sample, force=True
+            root / f"{dtype}-{dense_dtype}",
+            model_config=cfg,
+            state_dict=state,
+            dtype=dtype,
+            dense_dtype=dense_dtype,
+            accuracy_sample=sample,
+            force=True,
         )
         print(f"exported {dtype} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return packages
@@ -118,6 +126,22 @@ def print_packages(packages: dict[str, Path]) -> None:
         )
 
 
+def print_dense_variant(root: Path, args: argparse.Namespace, dense_dtype: str, fp32_best: float) -> None:
+    """The ``--dtype`` package with a lower-precision dense part: speed and accuracy against fp32 weights.
+
+    Not comparable with TorchRec's fp32 dense part; reported on its own line, never in the last line.
+    """
+    package = export_all(root, [args.dtype], dense_dtype)[args.dtype]
+    predictor = Predictor.load(package)
+    best = max(examples_per_second(predictor, args.batch, args.seconds) for _ in range(args.repeats))
+    acc = read_manifest(package).accuracy["package"]
+    print(
+        f"{args.dtype} tables + {dense_dtype} dense, batch {args.batch}: {best:,.0f} examples/s "
+        f"({best / fp32_best:.2f}x fp32 dense); max|dlogit| {acc['max_abs_logit_diff']:.2e}, "
+        f"AUC diff {acc['auc_diff']:+.5f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -130,6 +154,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the dense part")
+    parser.add_argument(
+        "--dense-dtypes",
+        default="bf16",
+        help="also time the --dtype package with these dense dtypes (comma-separated; '' for none)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     dtypes = list(dict.fromkeys([args.dtype, *args.dtypes.split(",")]))
@@ -163,6 +192,8 @@ def main() -> None:
             print(f"torch.compile of the dense part: {time.perf_counter() - started:.0f} s to compile")
             best = max(examples_per_second(compiled, args.batch, args.seconds) for _ in range(args.repeats))
             print(f"compiled dense: {best:,.0f} examples/s ({best / max(ours):.2f}x eager)")
+        for dense_dtype in filter(None, args.dense_dtypes.split(",")):
+            print_dense_variant(Path(tmp), args, dense_dtype, max(ours))
     print(f"rectrain {args.dtype} infer examples/s {max(ours):.0f}")
 
 
