@@ -126,7 +126,6 @@ async def _run_process(target, requests, callers, t_from, t_to, timeout, offset)
     out: tuple[list[float], Counter] = ([], Counter())
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(callers)]
     try:
-        await asyncio.gather(*(channel.channel_ready() for channel in channels))
         await asyncio.gather(
             *(
                 # bytes in, bytes out: no (de)serialization cost

@@ -192,3 +192,28 @@ def test_loadgen_reports_throughput_latency_and_errors(package):
     assert 0 < r.percentile_ms(50) <= r.percentile_ms(99) <= r.percentile_ms(100)
     assert r.examples_per_s == pytest.approx(r.requests * 8 / 1.0)
     assert "p99" in r.summary()
+
+
+def test_loadgen_callers_are_independent_connections():
+    """Each caller has its own TCP connection, so SO_REUSEPORT workers (which get connections) share load."""
+    from concurrent import futures
+
+    peers: set[str] = set()
+
+    def predict(request: bytes, context: grpc.ServicerContext) -> bytes:
+        peers.add(context.peer())  # "ipv4:127.0.0.1:<client port>": one per connection
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "recserve.v1.Predictor", {"Predict": grpc.unary_unary_rpc_method_handler(predict)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        cfg = LoadgenConfig(f"127.0.0.1:{port}", concurrency=4, duration_s=0.5, processes=1, warmup_s=0.1)
+        r = run_loadgen(cfg, requests=[b""])
+    finally:
+        server.stop(None)
+    assert r.errors == {} and r.requests > 0
+    assert len(peers) == 4
