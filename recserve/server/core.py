@@ -88,11 +88,13 @@ class InferenceCore:
         )
 
     def swap(self, new: ModelRunner) -> ModelRunner:
-        """Serves ``new`` from now on; drains and closes the previous runner, which it returns."""
+        """Serves ``new`` from now on and returns the previous runner, still draining its queued requests.
+
+        The caller closes it (``old.close()`` waits for the drain) once it has announced the new model.
+        """
         with self._swap_lock:
             old, self._runner = self._runner, new
         logger.info("now serving %s %s (was %s %s)", *new.model_id, *old.model_id)
-        old.close()
         return old
 
     def close(self, timeout: float | None = None) -> None:

@@ -85,9 +85,11 @@ class Reloader:
             if runner.model_id == old.model_id:
                 runner.close()
                 return (*old.model_id, False)
-            self._core.swap(runner)
+            draining = self._core.swap(runner)
+            # Announce the new model before draining the old one: requests already see it, so must /metrics.
             self._metrics.model_reloads.labels("success").inc()
-            self._metrics.serving(*runner.model_id, previous=old.model_id)
+            self._metrics.serving(*runner.model_id, previous=draining.model_id)
+            draining.close()
             return (*runner.model_id, True)
 
     def start_watching(self) -> None:
