@@ -38,7 +38,8 @@ def run_multiprocess(
     """Run ``fn(env, *args)`` on ``world_size`` spawned ranks; return each rank's return value, by rank.
 
     ``fn`` and ``args`` must be picklable (a module-level function). Return values travel back with
-    ``torch.save``. ``local_world_size`` ranks share a pretend host (default: all on one host).
+    ``torch.save`` and are read with ``weights_only=True``: tensors, numbers, strings and containers of them.
+    ``local_world_size`` ranks share a pretend host (default: all on one host).
     """
     local_world_size = local_world_size or world_size
     if world_size % local_world_size:
@@ -51,7 +52,7 @@ def run_multiprocess(
         except RankFailedError as e:
             raise RankFailedError(_first_failure(tmp) or str(e)) from None
         paths = [os.path.join(tmp, f"result_{r}.pt") for r in range(world_size)]
-        return [torch.load(path, weights_only=False) for path in paths]
+        return [torch.load(path, weights_only=True) for path in paths]
 
 
 def _join(ctx: mp.ProcessContext, timeout: float) -> None:
