@@ -176,15 +176,19 @@ class Predictor:
         )
         return predictor
 
-    def predict_logits(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
-        """Logits ``[B]`` float32 on CPU; InvalidRequestError on a malformed batch."""
-        batch = self._validator.check(dense, kjt)
+    def predict_logits(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor:
+        """Logits ``[B]`` float32 on CPU; InvalidRequestError on a malformed batch.
+
+        ``checked=True`` skips the checks for a caller that has already made them (the server checks each
+        request before batching); the kernels do not bounds-check ids, so an unchecked bad id is undefined.
+        """
+        batch = dense.shape[0] if checked else self._validator.check(dense, kjt)
         if batch == 0:
             return torch.empty(0)
         with torch.inference_mode():
             logits = self.model(dense.to(self.device, self.dtype), kjt)
             return logits.reshape(batch).float().cpu()
 
-    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
-        """Scores ``[B]`` float32 on CPU: the sigmoid of the model's logits."""
-        return torch.sigmoid(self.predict_logits(dense, kjt))
+    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor:
+        """Scores ``[B]`` float32 on CPU: the sigmoid of the logits (``checked`` as in ``predict_logits``)."""
+        return torch.sigmoid(self.predict_logits(dense, kjt, checked=checked))

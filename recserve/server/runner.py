@@ -28,7 +28,7 @@ class PredictorLike(Protocol):
     @property
     def metadata(self): ...
 
-    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor: ...
+    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor: ...
 
 
 def merge_requests(requests: list[InferenceRequest]) -> tuple[Tensor, KeyedJaggedTensor]:
@@ -109,7 +109,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _predict_batch(self, requests: list[InferenceRequest]) -> list[Tensor]:
         dense, kjt = merge_requests(requests)
-        scores = self.predictor.predict(dense, kjt).reshape(-1)
+        # Every request was checked on arrival (check_request), so the merged batch is not checked again.
+        scores = self.predictor.predict(dense, kjt, checked=True).reshape(-1)
         if scores.numel() != dense.shape[0]:
             raise RuntimeError(f"predictor returned {scores.numel()} scores for a batch of {dense.shape[0]}")
         return list(torch.split(scores.to(torch.float32), [r.batch_size for r in requests]))

@@ -47,6 +47,11 @@ def test_requests_are_checked(predictor):
         predictor.predict(dense, partial)
 
 
+def test_a_checked_batch_scores_the_same_without_the_checks(predictor):
+    dense, kjt = request(CFG, batch=16)
+    torch.testing.assert_close(predictor.predict(dense, kjt, checked=True), predictor.predict(dense, kjt))
+
+
 @pytest.mark.parametrize(
     ("feature", "bad_id", "limit"), [("f0", 80, 80), ("f2", -1, 120), ("g1", 10**9, 200)]
 )
