@@ -14,8 +14,8 @@ optimizer state, other top-level keys) are ignored.
 
 Key layouts: TorchRec's DLRM and DLRM_DCN keys are ours under ``model.``. TorchRec's two-tower example
 (``examples/retrieval/modules/two_tower.py``) ends each tower with a ReLU layer (``MLP`` of all its sizes)
-where ours ends with a plain Linear; the import maps TorchRec's towers onto our tower's MLP part and appends an
-identity Linear (``tower_layer_sizes + [last]``), so the served scores are exactly TorchRec's.
+where ours ends with a plain Linear; the import maps TorchRec's towers onto our tower's MLP part and appends
+an identity Linear (``tower_layer_sizes + [last]``), so the served scores are exactly TorchRec's.
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ def load_torchrec(
         raise ExportError(f"--from-torchrec {path}: does not exist")
     else:
         raise ExportError(
-            f"--from-torchrec {path}: expected a torch.distributed.checkpoint directory or a .safetensors file "
-            "of a model state_dict (pickled torch.save files are not read)"
+            f"--from-torchrec {path}: expected a torch.distributed.checkpoint directory or a .safetensors "
+            "file of a model state_dict (pickled torch.save files are not read)"
         )
     cfg, state = to_prediction_state(cfg, {selected[k]: v for k, v in tensors.items()}, str(path))
     return cfg, state, source
