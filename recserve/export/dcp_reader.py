@@ -10,7 +10,8 @@ chunk. So the reader:
    ``builtins.eval``...) is refused with ``ExportError`` naming it, before any of it runs;
 2. checks the metadata's shapes (chunks inside their tensor, covering it exactly once; byte ranges inside
    files of the directory);
-3. reads each requested chunk's bytes and ``torch.load(..., weights_only=True)``s them, and copies them into
+3. reads each requested chunk's bytes and ``torch.load(..., weights_only=True)``s them (or, for files
+   written with ``serialization_format=SAFETENSORS``, reads the chunk with safetensors), and copies them into
    the full tensor at their offsets.
 
 Any sharding TorchRec writes (table-wise, column-wise, row-wise, table-row-wise, data-parallel, any world
@@ -20,6 +21,7 @@ size) is a set of chunks, so the assembly does not need to know which one it was
 from __future__ import annotations
 
 import io
+import json
 import math
 import pickle
 from collections.abc import Iterable
@@ -132,7 +134,14 @@ class DcpCheckpoint:
     def __init__(self, checkpoint_dir: str | Path) -> None:
         self.path = Path(checkpoint_dir)
         metadata = read_metadata(self.path)
-        self.entries, self.skipped = _entries(metadata, self.path)
+        try:
+            self.entries, self.skipped = _entries(metadata, self.path)
+        except (AttributeError, TypeError, ValueError) as error:  # admitted classes, unexpected contents
+            if isinstance(error, ExportError):
+                raise
+            raise ExportError(
+                f"{self.path}: malformed DCP metadata ({type(error).__name__}: {error})"
+            ) from None
 
     def read(self, fqns: Iterable[str]) -> dict[str, Tensor]:
         """The full tensors ``fqns`` (each assembled from its chunks), in the dtype they were saved in."""
@@ -156,27 +165,53 @@ class DcpCheckpoint:
     def _load_chunk(self, entry: TensorEntry, chunk: _Chunk) -> Tensor:
         where = f"{self.path / chunk.file} bytes [{chunk.start}, {chunk.start + chunk.length}) ({entry.fqn})"
         with open(self.path / chunk.file, "rb") as f:
+            header = f.read(9)
             f.seek(chunk.start)
             raw = f.read(chunk.length)
         if len(raw) != chunk.length:
             raise ExportError(f"{where}: the file ends early (truncated checkpoint)")
-        if not raw.startswith(_ZIP_MAGIC):
+        if raw.startswith(_ZIP_MAGIC):
+            tensor = _torch_load(raw, where)
+        elif header[8:9] == b"{":  # a safetensors header: FileSystemWriter(serialization_format=SAFETENSORS)
+            tensor = _safetensors_chunk(self.path / chunk.file, entry.fqn, chunk.offsets, where)
+        else:
             raise ExportError(
-                f"{where}: not a torch.save item; only DCP's default FileSystemWriter format (torch_save, "
-                "no stream extensions) is supported"
+                f"{where}: neither a torch.save item nor a safetensors file, the two formats of DCP's "
+                "FileSystemWriter (without stream extensions)"
             )
-        try:
-            tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-        except Exception as error:  # weights_only refuses anything but tensors; corrupt zips fail variously
-            raise ExportError(f"{where}: cannot read ({type(error).__name__}: {error})") from None
-        if not isinstance(tensor, Tensor):
-            raise ExportError(f"{where}: holds a {type(tensor).__name__}, expected a tensor")
         if tuple(tensor.shape) != chunk.sizes or tensor.dtype != entry.dtype:
             raise ExportError(
                 f"{where}: holds {tensor.dtype} {tuple(tensor.shape)}, the metadata says {entry.dtype} "
                 f"{chunk.sizes}"
             )
         return tensor
+
+
+def _torch_load(raw: bytes, where: str) -> Tensor:
+    try:
+        tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as error:  # weights_only refuses anything but tensors; corrupt zips fail variously
+        raise ExportError(f"{where}: cannot read ({type(error).__name__}: {error})") from None
+    if not isinstance(tensor, Tensor):
+        raise ExportError(f"{where}: holds a {type(tensor).__name__}, expected a tensor")
+    return tensor
+
+
+def _safetensors_chunk(path: Path, fqn: str, offsets: tuple[int, ...], where: str) -> Tensor:
+    """``fqn``'s chunk from a DCP safetensors data file (one chunk per name and file, offsets recorded)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            sharding = json.loads((f.metadata() or {}).get("DCP_SHARDING_INFO", "{}"))
+            if fqn not in f.keys():  # noqa: SIM118 - safe_open is no dict
+                raise ExportError(f"{where}: the safetensors file has no {fqn!r}")
+            saved = sharding.get(fqn, {}).get("saved_offsets")
+            if saved is not None and tuple(saved) != offsets:
+                raise ExportError(f"{where}: the file holds the chunk at {tuple(saved)}, not {offsets}")
+            return f.get_tensor(fqn)
+    except (SafetensorError, json.JSONDecodeError, AttributeError) as error:
+        raise ExportError(f"{where}: not a readable safetensors file ({error})") from None
 
 
 def _entries(metadata: object, root: Path) -> tuple[dict[str, TensorEntry], list[str]]:

@@ -45,10 +45,14 @@ def _sharded(full: Tensor, rank: int, splits: list) -> object:
     return ShardedTensor._init_from_local_shards(shards, *full.shape)
 
 
-def save_sharded_dlrm(env: ShardingEnv, out: str) -> None:
+def save_sharded_dlrm(env: ShardingEnv, out: str) -> str:
     """On each of 2 ranks: ``dlrm_config()``'s trained state as a DMP(DLRMTrain) state dict with sharded
-    tables and a fused-optimizer-like state, saved with ``torch.distributed.checkpoint``."""
+    tables and a fused-optimizer-like state, saved with ``torch.distributed.checkpoint``. Returns what
+    importing the rank's sharded state dict in memory says."""
     import torch.distributed.checkpoint as dcp
+
+    from recserve.errors import ExportError
+    from recserve.export.torchrec_import import import_state_dict
 
     state = trained_state(dlrm_config())
     model, optim = {}, {}
@@ -59,6 +63,11 @@ def save_sharded_dlrm(env: ShardingEnv, out: str) -> None:
             optim[key] = {f"{table}.momentum1": _sharded(state[key] ** 2, env.rank, SPLITS[table])}
         model[key] = value  # DLRMTrain(DLRM)'s keys are DLRMPrediction's: "model." + DLRM's
     dcp.save({"model": model, "optim": {"state": optim}, "step": 7}, checkpoint_id=out)
+    try:
+        import_state_dict(dlrm_config(), model)
+    except ExportError as error:
+        return str(error)
+    return "imported"
 
 
 def two_tower_config() -> ModelConfig:
