@@ -3,6 +3,7 @@ safetensors state dicts, modules in memory, and a real TorchRec DLRM trained on 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -19,7 +22,7 @@ from recserve.client import PredictorClient
 from recserve.errors import ExportError
 from recserve.export import export_package
 from recserve.export.dcp_reader import DcpCheckpoint, read_metadata
-from recserve.export.torchrec_import import load_torchrec, read_model_config
+from recserve.export.torchrec_import import import_state_dict, load_torchrec, read_model_config
 from recserve.runtime import Predictor
 from recserve.runtime.package import read_manifest
 from rectrain.models import DLRMTrain, build_model
@@ -171,6 +174,29 @@ def test_torchrec_two_tower_safetensors_serves_torchrecs_scores(tmp_path):
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=["user", "item"], values=values, lengths=lengths)
     served = Predictor.load(path).predict_logits(torch.zeros(12, 0), kjt)
     assert torch.allclose(served, torchrec_two_tower_logits(cfg, state, kjt), rtol=0, atol=1e-6)
+
+
+_WRAPPERS = ["model.", "_dmp_wrapped_module.", "module.", "_orig_mod.", "two_tower."]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(_WRAPPERS), max_size=4))
+def test_wrapper_prefixes_and_optimizer_entries_are_dropped(wrappers):
+    """DCP's top-level key, DLRMTrain, DMP, DDP, torch.compile wrap the model: its keys come back as ours."""
+    prefix, expected = "".join(wrappers), _trained_dlrm_state()
+    arch = {key[len("model.") :]: value for key, value in expected.items()}  # a bare TorchRec DLRM's keys
+    wrapped = {prefix + key: value for key, value in arch.items()}
+    table_key = "sparse_arch.embedding_bag_collection.embedding_bags.t0.weight"
+    wrapped[f"optim.state.{table_key}.t0.momentum1"] = torch.zeros(1)
+    wrapped["step"] = torch.tensor(3)
+    cfg, state = import_state_dict(dlrm_config(), wrapped)
+    assert cfg == dlrm_config() and state.keys() == expected.keys()
+    assert all(torch.equal(state[key], expected[key]) for key in state)
+
+
+@functools.cache
+def _trained_dlrm_state() -> dict[str, torch.Tensor]:
+    return trained_state(dlrm_config())
 
 
 def test_export_package_takes_a_module_in_memory(tmp_path):
