@@ -25,7 +25,19 @@ def add_export_command(subparsers: Any) -> None:
         description="Read a checkpoint of any world size, quantize its tables row-wise, place them on the "
         "serving devices, check accuracy against fp32 and write a model package.",
     )
-    parser.add_argument("--checkpoint", required=True, help="checkpoint root (or one step_<N> directory)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="checkpoint root (or one step_<N> directory)")
+    source.add_argument(
+        "--from-torchrec",
+        metavar="DIR|FILE.safetensors",
+        help="a model trained with TorchRec: a torch.distributed.checkpoint directory (e.g. saved from "
+        "DistributedModelParallel, any world size) or a .safetensors file of its state_dict()",
+    )
+    parser.add_argument(
+        "--model-config",
+        metavar="MODEL.toml|json",
+        help="with --from-torchrec: the architecture, as our ModelConfig ([model] table or the table itself)",
+    )
     parser.add_argument("--out", required=True, help="package directory to create")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--dtype", default="int8", choices=dtypes, help="storage of every table")
@@ -65,6 +77,10 @@ def parse_table_dtypes(items: list[str]) -> dict[str, str]:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.from_torchrec is not None:
+        return run_torchrec_export(args)
+    if args.model_config is not None:
+        raise ExportError("--model-config applies to --from-torchrec; a checkpoint records its model config")
     from rectrain.checkpoint import load_full_state
     from rectrain.errors import ConfigError
     from rectrain.models.config import ModelConfig
@@ -100,11 +116,43 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_torchrec_export(args: argparse.Namespace) -> int:
+    """``--from-torchrec``: the model config from ``--model-config``, the weights from TorchRec's files."""
+    from recserve.export.torchrec_import import load_torchrec, read_model_config
+
+    if args.model_config is None:
+        raise ExportError(
+            "--from-torchrec needs --model-config MODEL.toml|json (TorchRec files hold no config)"
+        )
+    if args.step is not None:
+        raise ExportError("--step applies to --checkpoint; a TorchRec checkpoint directory is one step")
+    cfg, state, source = load_torchrec(args.from_torchrec, read_model_config(args.model_config))
+    path = export_package(
+        args.out,
+        model_config=cfg,
+        state_dict=state,
+        dtype=args.dtype,
+        table_dtypes=parse_table_dtypes(args.table_dtype),
+        dense_dtype=args.dense_dtype,
+        devices=[d for d in args.devices.split(",") if d.strip()],
+        model_name=args.model_name,
+        version=args.version,
+        source=source,
+        max_auc_drop=args.max_auc_drop,
+        force=args.force,
+        overwrite=args.overwrite,
+    )
+    _print_summary(path)
+    return 0
+
+
 def _print_summary(path: Path) -> None:
     package = read_manifest(path)
     total = sum(entry["bytes"] for entry in package.files.values())
     source = package.source or {}
     where = f"step {source.get('step')} of {source.get('checkpoint')}"
+    if "torchrec" in source:
+        where = f"TorchRec {source.get('format')} {source['torchrec']}"
     print(f"wrote {path} ({total / 2**20:.1f} MiB) from {where}")
     for table in package.tables:
         placed = package.placement.shards_of(table.name)

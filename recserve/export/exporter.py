@@ -13,13 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 import recserve
 from recserve.errors import AccuracyError, ExportError
 from recserve.export.accuracy import AccuracySample, accuracy_report
 from recserve.export.planner import TableLoad, plan_placement
 from recserve.export.quantize import check_dim, quantize_table
+from recserve.export.torchrec_import import import_module
 from recserve.export.writer import write_package
 from recserve.runtime.assembly import build_skeleton, dense_state_keys, table_weight_key
 from recserve.runtime.layout import QuantizedTable, TableDType, row_bytes
@@ -116,7 +117,8 @@ def export_package(
     out_dir: str | Path,
     *,
     model_config: ModelConfig,
-    state_dict: Mapping[str, Tensor],
+    state_dict: Mapping[str, Tensor] | None = None,
+    model: nn.Module | None = None,
     dtype: str = "int8",
     table_dtypes: Mapping[str, str] | None = None,
     dense_dtype: str = "fp32",
@@ -133,6 +135,9 @@ def export_package(
     """Write a model package of the prediction module ``state_dict`` (full tensors, prediction-module names).
 
     Args:
+        state_dict / model: the weights: our prediction module's state dict, or (exactly one of the two) a
+            module in memory whose state dict maps onto ``model_config``'s model: a TorchRec ``DLRM``,
+            ``DLRM_DCN``, ``DLRMTrain``, two-tower, or one of ours (see ``torchrec_import``).
         dtype / table_dtypes: storage of every table / of named tables (int8, int4, int2, fp16, fp32).
         dense_dtype: fp32, bf16 or fp16 for the dense part.
         devices: serving devices for the placement (``cpu``; ``cuda:0,cuda:1``; logical ``cpu:0,cpu:1``).
@@ -143,6 +148,10 @@ def export_package(
     """
     if dense_dtype not in DENSE_DTYPES:
         raise ExportError(f"dense_dtype: expected one of {list(DENSE_DTYPES)}, got {dense_dtype!r}")
+    if (state_dict is None) == (model is None):
+        raise ExportError("export_package: give exactly one of state_dict= and model=")
+    if model is not None:
+        model_config, state_dict = import_module(model_config, model)
     dtypes = resolve_table_dtypes(model_config, dtype, table_dtypes)
     tables, dense = split_state_dict(model_config, state_dict)
     quantized = _quantize_all(model_config, tables, dtypes)
