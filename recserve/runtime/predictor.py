@@ -29,6 +29,7 @@ from recserve.runtime.package import (
     read_manifest,
     verify_files,
 )
+from recserve.runtime.package_checks import check_manifest
 from recserve.runtime.placement import ServingPlacement, TableShard
 from recserve.runtime.quant_embedding import QuantEmbeddingBagCollection
 from recserve.runtime.validation import RequestValidator
@@ -148,6 +149,7 @@ class Predictor:
             raise PackageError(
                 f"{where}: dense_dtype {manifest.dense_dtype!r} is not one of {list(DENSE_DTYPES)}"
             )
+        check_manifest(manifest, cfg, str(Path(package_dir) / MANIFEST_FILE))
         metadata = metadata_for(
             cfg, {t.name: t.dtype.value for t in manifest.tables}, manifest.model_name, manifest.version
         )
