@@ -56,13 +56,18 @@ class RequestValidator:
         self._check_keys(keys)
         if kjt.variable_stride_per_key():
             raise InvalidRequestError("sparse features must have one batch size for every feature")
+        lengths, offsets = kjt.lengths_or_none(), kjt.offsets_or_none()
+        for name, tensor in (("lengths", lengths), ("offsets", offsets)):
+            _check_jagged_type(name, tensor)
         if kjt.stride() != batch:
             raise InvalidRequestError(
                 f"dense has {batch} examples but the sparse features have {kjt.stride()}"
             )
         values, weights = kjt.values(), kjt.weights_or_none()
         values = _check_values(values, weights)
-        offsets = _checked_offsets(kjt.lengths_or_none(), kjt.offsets_or_none(), len(keys) * batch, values)
+        if values.dtype == torch.int32 and values.numel() > torch.iinfo(torch.int32).max:
+            values = values.long()  # its offsets would not fit int32, and the kernels want one dtype
+        offsets = _checked_offsets(lengths, offsets, len(keys) * batch, values)
         bounds = offsets[::batch] if batch else offsets.new_zeros(len(keys) + 1)
         counts = bounds.diff()
         self._check_ids(keys, values, counts)
@@ -70,7 +75,7 @@ class RequestValidator:
             keys=keys,
             values=values,
             weights=weights,
-            offsets=offsets if values.dtype == torch.int64 else offsets.to(values.dtype),
+            offsets=offsets if values.dtype == torch.int64 else offsets.to(torch.int32),
             stride=batch,
             length_per_key=counts.tolist(),
             validate=False,
@@ -117,10 +122,14 @@ class RequestValidator:
         return self._limits[key]
 
     def _check_ids(self, keys: list[str], values: Tensor, counts: Tensor) -> None:
-        """One pass over the ids against a per-id limit; the slow per-feature search only on failure."""
+        """One min/max pass over all ids (enough when every id is under the smallest table), else one pass
+        against a per-id limit; the per-feature search for the message only on failure."""
         if values.numel() == 0:
             return
         limits = self._key_limits(keys).to(values.device)
+        smallest, largest = torch.aminmax(values)
+        if int(smallest) >= 0 and int(largest) < int(limits.min()):
+            return
         limit = limits.repeat_interleave(counts, output_size=values.numel())
         if not bool(((values < 0) | (values >= limit)).any()):
             return
@@ -158,15 +167,7 @@ def _checked_offsets(lengths: Tensor | None, offsets: Tensor | None, rows: int, 
     """int64 offsets of ``rows`` bags over ``values``, each entry bounded before any arithmetic."""
     n = values.numel()
     for name, tensor, size in (("lengths", lengths, rows), ("offsets", offsets, rows + 1)):
-        if tensor is None:
-            continue
-        # An empty float tensor (torch.tensor([])) is accepted as no lengths.
-        integer = isinstance(tensor, Tensor) and (tensor.dtype in _ID_DTYPES or tensor.numel() == 0)
-        if not integer or tensor.dim() != 1:
-            raise InvalidRequestError(
-                f"sparse {name} must be a 1-D int32 or int64 tensor, got {_describe(tensor)}"
-            )
-        if tensor.numel() != size:
+        if tensor is not None and tensor.numel() != size:
             raise InvalidRequestError(
                 f"sparse {name}: expected {size} entries (keys x batch{' + 1' * (name == 'offsets')}), "
                 f"got {tensor.numel()}"
@@ -191,6 +192,18 @@ def _checked_offsets(lengths: Tensor | None, offsets: Tensor | None, rows: int, 
     if int(result[-1]) != n:
         raise InvalidRequestError(f"sparse lengths sum to {int(result[-1])} but there are {n} values")
     return result
+
+
+def _check_jagged_type(name: str, tensor: object) -> None:
+    """InvalidRequestError unless ``tensor`` is None or a 1-D integer tensor (an empty one of any dtype,
+    such as ``torch.tensor([])``, is accepted as no rows)."""
+    if tensor is None:
+        return
+    integer = isinstance(tensor, Tensor) and (tensor.dtype in _ID_DTYPES or tensor.numel() == 0)
+    if not integer or tensor.dim() != 1:
+        raise InvalidRequestError(
+            f"sparse {name} must be a 1-D int32 or int64 tensor, got {_describe(tensor)}"
+        )
 
 
 def _raise_outside(name: str, tensor: Tensor, n: int) -> None:

@@ -261,3 +261,27 @@ def test_issue_17_request_is_refused(criteo_like, lengths, num_values, checked, 
         lengths=torch.ones(26, dtype=torch.int64),
     )
     assert criteo_like.predict(torch.zeros(1, 13), valid, checked=checked).shape == (1,)
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"lengths": [1, 1, 1, 1, 1]}, r"sparse lengths must be a 1-D int32 or int64 tensor, got list"),
+        ({"lengths": torch.ones(5, 1, dtype=torch.int64)}, r"sparse lengths must be a 1-D .* shape \(5, 1\)"),
+        (
+            {"offsets": torch.arange(6.0)},
+            r"sparse offsets must be a 1-D int32 or int64 tensor, got torch\.float32",
+        ),
+        ({"values": torch.ones(5, 1, dtype=torch.int64)}, r"sparse values must be a 1-D tensor"),
+        ({"weights": [1.0] * 5}, r"sparse weights must be a 1-D float tensor, got list"),
+    ],
+    ids=["lengths list", "lengths 2-D", "float offsets", "values 2-D", "weights list"],
+)
+def test_fields_of_the_wrong_type_are_named(predictor, field, message):
+    parts = {"values": torch.arange(5), "lengths": torch.ones(5, dtype=torch.int64), **field}
+    if "offsets" in field:
+        parts.pop("lengths")
+    kjt = KeyedJaggedTensor(keys=KEYS, stride=1, validate=False, **parts)
+    for checked in (False, True):
+        with pytest.raises(InvalidRequestError, match=message):
+            predictor.predict(torch.zeros(1, 5), kjt, checked=checked)
