@@ -85,3 +85,17 @@ def test_shard_outside_its_table_is_refused_before_reading(tmp_path):
     with pytest.raises(CheckpointError, match=r"table 't0' .* lies outside the table \[40, 8\]"):
         load_checkpoint(tmp_path, model=common.build_model(seed=1))
     assert any("lies outside the table" in p for p in verify_checkpoint(tmp_path).problems)
+
+
+@pytest.mark.parametrize("lr", ["0.1", float("nan"), -1.0, True])
+def test_unusable_learning_rate_in_the_manifest_is_named(tmp_path, lr):
+    model = common.build_model(seed=0)
+    save_checkpoint(tmp_path, model=model, optimizer=common.make_optimizer(model), step=1)
+    path = tmp_path / "step_1" / "manifest.json"
+    data = json.loads(path.read_text())
+    (collection,) = data["collections"].values()
+    collection["fused_optimizer"]["lr"] = lr
+    path.write_text(json.dumps(data))
+    fresh = common.build_model(seed=1)
+    with pytest.raises(CheckpointError, match=r"fused_optimizer\.lr must be a finite number >= 0"):
+        load_checkpoint(tmp_path, model=fresh, optimizer=common.make_optimizer(fresh))
