@@ -19,6 +19,7 @@ from rectrain.sparse import KeyedJaggedTensor
 
 _ID_DTYPES = (torch.int32, torch.int64)
 _INT64_MAX = torch.iinfo(torch.int64).max
+_MAX_CACHED_ORDERS = 64
 
 
 class RequestValidator:
@@ -117,6 +118,8 @@ class RequestValidator:
         """Per key, the number of rows its ids must stay under (int64 max for keys the model ignores)."""
         key = tuple(keys)
         if key not in self._limits:
+            if len(self._limits) >= _MAX_CACHED_ORDERS:  # callers choose key orders: keep the cache bounded
+                self._limits.clear()
             rows = [self.num_embeddings.get(name, _INT64_MAX) for name in keys]
             self._limits[key] = torch.tensor(rows, dtype=torch.int64)
         return self._limits[key]
