@@ -12,18 +12,14 @@ import torch
 from torch import Tensor
 
 from recserve.errors import ExportError
-from recserve.runtime.layout import SCALE_BIAS_BYTES, QuantizedTable, TableDType
+from recserve.runtime.layout import SCALE_BIAS_BYTES, QuantizedTable, TableDType, dim_problem
 
 
 def check_dim(table: str, dim: int, dtype: TableDType) -> None:
-    """FBGEMM's quantized kernels need dims that are multiples of 4, and whole fp16 words of codes per row
-    (so int2 rows need dims that are multiples of 8)."""
-    multiple = max(4, 16 // dtype.bits)
-    if dim % multiple:
-        raise ExportError(
-            f"table {table!r}: embedding_dim {dim} is not a multiple of {multiple}, which FBGEMM's "
-            f"{dtype.value} lookup kernels require; choose another --table-dtype for it"
-        )
+    """ExportError unless FBGEMM's ``dtype`` kernels serve rows of ``dim`` (see ``layout.dim_problem``)."""
+    problem = dim_problem(dim, dtype)
+    if problem:
+        raise ExportError(f"table {table!r}: {problem}; choose another --table-dtype for it")
 
 
 def quantize_table(weight: Tensor, dtype: TableDType | str) -> QuantizedTable:

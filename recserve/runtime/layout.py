@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, unique
 
+import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 from torch import Tensor
 
@@ -55,6 +56,20 @@ class TableDType(Enum):
             raise ExportError(f"{where}: unknown table dtype {value!r}; choose one of {choices}") from None
 
 
+def dim_problem(dim: int, dtype: TableDType) -> str | None:
+    """Why FBGEMM's ``dtype`` kernels cannot serve rows of ``dim`` (None if they can): dims must be positive
+    multiples of 4, with whole fp16 words of codes per row (so int2 needs multiples of 8)."""
+    multiple = max(4, 16 // dtype.bits)
+    if dim <= 0:
+        return f"embedding_dim {dim} must be positive"
+    if dim % multiple:
+        return (
+            f"embedding_dim {dim} is not a multiple of {multiple}, which FBGEMM's "
+            f"{dtype.value} lookup kernels require"
+        )
+    return None
+
+
 def row_bytes(dim: int, dtype: TableDType) -> int:
     """Bytes of one stored row (codes plus scale/bias), before any kernel alignment padding."""
     return dim * dtype.bits // 8 + (SCALE_BIAS_BYTES if dtype.is_integer else 0)
@@ -82,19 +97,27 @@ class QuantizedTable:
         scale_bias = None if self.scale_bias is None else self.scale_bias[start:end]
         return QuantizedTable(self.weights[start:end], scale_bias, self.dtype, self.embedding_dim)
 
-    def check(self, where: str) -> None:
-        """Raise ValueError naming ``where`` unless the tensors have the shapes the dtype implies."""
+    def check(self, where: str, num_rows: int | None = None) -> None:
+        """Raise ValueError naming ``where`` unless the tensors are uint8 with the shapes the dtype implies
+        (and ``num_rows`` rows, when given): the kernels copy these bytes as rows of that width."""
         width = self.embedding_dim * self.dtype.bits // 8
-        ok = self.weights.dim() == 2 and self.weights.shape[1] == width
+        rows = self.weights.shape[0] if num_rows is None else num_rows
+        ok = tuple(self.weights.shape) == (rows, width) and self.weights.dtype == torch.uint8
         if self.dtype.is_integer:
             sb = self.scale_bias
-            ok = ok and sb is not None and tuple(sb.shape) == (self.weights.shape[0], SCALE_BIAS_BYTES)
+            ok = (
+                ok
+                and sb is not None
+                and tuple(sb.shape) == (rows, SCALE_BIAS_BYTES)
+                and sb.dtype == torch.uint8
+            )
         else:
             ok = ok and self.scale_bias is None
         if not ok:
-            sb_shape = None if self.scale_bias is None else tuple(self.scale_bias.shape)
+            sb = self.scale_bias
+            sb_shape = None if sb is None else f"{tuple(sb.shape)} {sb.dtype}"
             raise ValueError(
-                f"{where}: {self.dtype.value} table of dim {self.embedding_dim} needs weights [rows, {width}]"
-                f"{' and scale_bias [rows, 4]' if self.dtype.is_integer else ''}; got weights "
-                f"{tuple(self.weights.shape)}, scale_bias {sb_shape}"
+                f"{where}: {self.dtype.value} table of dim {self.embedding_dim} needs uint8 weights "
+                f"[{rows}, {width}]{f' and scale_bias [{rows}, 4]' if self.dtype.is_integer else ''}; got "
+                f"weights {tuple(self.weights.shape)} {self.weights.dtype}, scale_bias {sb_shape}"
             )

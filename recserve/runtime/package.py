@@ -214,7 +214,7 @@ def load_shards(package_dir: str | Path, manifest: PackageManifest) -> dict[Tabl
                 _take(tensors, weights_key(shard), path), scale_bias, entry.dtype, entry.embedding_dim
             )
             try:
-                table.check(f"{path}: {shard.label}")
+                table.check(f"{path}: {shard.label}", shard.num_rows)
             except ValueError as error:
                 raise PackageError(str(error)) from None
             shards[shard] = table

@@ -29,6 +29,7 @@ from recserve.runtime.package import (
     read_manifest,
     verify_files,
 )
+from recserve.runtime.package_checks import check_manifest
 from recserve.runtime.placement import ServingPlacement, TableShard
 from recserve.runtime.quant_embedding import QuantEmbeddingBagCollection
 from recserve.runtime.validation import RequestValidator
@@ -148,6 +149,7 @@ class Predictor:
             raise PackageError(
                 f"{where}: dense_dtype {manifest.dense_dtype!r} is not one of {list(DENSE_DTYPES)}"
             )
+        check_manifest(manifest, cfg, str(Path(package_dir) / MANIFEST_FILE))
         metadata = metadata_for(
             cfg, {t.name: t.dtype.value for t in manifest.tables}, manifest.model_name, manifest.version
         )
@@ -179,10 +181,12 @@ class Predictor:
     def predict_logits(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor:
         """Logits ``[B]`` float32 on CPU; InvalidRequestError on a malformed batch.
 
-        ``checked=True`` skips the checks for a caller that has already made them (the server checks each
-        request before batching); the kernels do not bounds-check ids, so an unchecked bad id is undefined.
+        The kernels do not bounds-check ids, so every check that keeps them in bounds (jagged structure,
+        ids inside their tables, weights and dense shapes) runs whatever ``checked`` says, and the kernels
+        read a KJT rebuilt from the checked offsets. ``checked=True`` (a caller such as the server that has
+        checked each request) skips only what is not about memory safety: dense values being finite.
         """
-        batch = dense.shape[0] if checked else self._validator.check(dense, kjt)
+        batch, kjt = self._validator.safe_batch(dense, kjt, checked=checked)
         if batch == 0:
             return torch.empty(0)
         with torch.inference_mode():

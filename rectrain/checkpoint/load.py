@@ -124,9 +124,12 @@ def _load_rng(reader: CheckpointReader, env: ShardingEnv) -> None:
             "world size changed (%d -> %d): RNG states not restored", manifest.world_size, env.world_size
         )
         return
-    torch.set_rng_state(reader.tensor(entry["file"], entry["torch_cpu"]))
-    if "torch_cuda" in entry and torch.cuda.is_available():
-        torch.cuda.set_rng_state(reader.tensor(entry["file"], entry["torch_cuda"]))
+    try:
+        torch.set_rng_state(reader.tensor(entry["file"], entry["torch_cpu"]))
+        if "torch_cuda" in entry and torch.cuda.is_available():
+            torch.cuda.set_rng_state(reader.tensor(entry["file"], entry["torch_cuda"]))
+    except (KeyError, TypeError, RuntimeError) as e:  # torch checks the state's size and dtype
+        raise CheckpointError(f"{reader.step_dir}: RNG state of rank {env.rank} is unusable ({e})") from None
 
 
 def load_checkpoint(

@@ -8,12 +8,14 @@ loader restores state by copying into it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import PER_ELEMENT, PER_ROW, SCALAR
 from rectrain.distributed.model_parallel import DistributedModelParallel, find_collections
 from rectrain.optim import CombinedOptimizer, FusedEmbeddingOptimizer
@@ -195,7 +197,15 @@ def collection_summary(model: nn.Module) -> dict[str, dict[str, Any]]:
 def set_fused_learning_rates(model: nn.Module, summary: dict[str, dict[str, Any]]) -> None:
     """Give each collection's fused optimizer the learning rate it had when the checkpoint was saved."""
     for path, collection in collections_of(model).items():
-        lr = summary.get(path, {}).get("fused_optimizer", {}).get("lr")
+        entry = summary.get(path, {})
+        fused = entry.get("fused_optimizer", {}) if isinstance(entry, dict) else None
+        lr = fused.get("lr") if isinstance(fused, dict) else None
         if lr is not None:
+            # The kernels read the rate as a float: refuse anything else (a bool, a string, NaN) by name.
+            if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr < 0:
+                raise CheckpointError(
+                    f"manifest collections[{path!r}].fused_optimizer.lr must be a finite number >= 0, "
+                    f"got {lr!r:.40}"
+                )
             for group in collection.fused_optimizer.param_groups:
                 group["lr"] = lr

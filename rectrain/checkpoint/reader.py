@@ -32,6 +32,7 @@ from rectrain.checkpoint.manifest import (
     StateEntry,
     torch_dtype,
 )
+from rectrain.checkpoint.verify import check_layout
 from rectrain.planner.types import Shard
 
 
@@ -42,6 +43,9 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> tuple[int, int]:
 class CheckpointReader:
     """Slices of one checkpoint directory's files; each file is opened (and checked) once. A context manager.
 
+    The manifest's layout (shards inside their tables, no overlap, full coverage, shapes that fit) is
+    checked first, with ``rectrain ckpt verify``'s messages: slicing trusts those offsets.
+
     Args:
         step_dir: the ``step_<N>`` directory.
         manifest: its manifest.
@@ -49,6 +53,7 @@ class CheckpointReader:
     """
 
     def __init__(self, step_dir: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
+        check_layout(step_dir, manifest)
         self.step_dir = step_dir
         self.manifest = manifest
         self._verify = verify_checksums
@@ -94,6 +99,17 @@ class CheckpointReader:
                 f"{self.step_dir / file}: has no tensor {tensor!r} (the manifest lists it)"
             ) from None
 
+    def _shard_slice(self, saved: ShardEntry) -> Any:
+        """A saved shard's slice handle, after checking the stored shape is the one the manifest records."""
+        handle = self._slice(saved.file, saved.tensor)
+        stored = list(handle.get_shape())
+        if stored != list(saved.shape):
+            raise CheckpointError(
+                f"{self.step_dir / saved.file}: {saved.tensor!r} has shape {stored}, "
+                f"the manifest {list(saved.shape)}"
+            )
+        return handle
+
     def tensor(self, file: str, tensor: str) -> Tensor:
         """One whole stored tensor."""
         self._slice(file, tensor)  # names the file if the tensor is missing
@@ -131,7 +147,7 @@ class CheckpointReader:
         out = torch.empty(target.num_rows, target.num_cols, dtype=dtype)
         covered = 0
         for saved, r0, r1, c0, c1 in self._overlapping(entry, target):
-            piece = self._slice(saved.file, saved.tensor)[
+            piece = self._shard_slice(saved)[
                 r0 - saved.row_offset : r1 - saved.row_offset, c0 - saved.col_offset : c1 - saved.col_offset
             ]
             out[
@@ -152,7 +168,7 @@ class CheckpointReader:
         total = torch.zeros(target.num_rows, dtype=torch.float64)
         width = torch.zeros(target.num_rows, dtype=torch.float64)
         for saved, r0, r1, c0, c1 in self._overlapping(entry, target):
-            piece = self._slice(saved.file, saved.tensor)[r0 - saved.row_offset : r1 - saved.row_offset]
+            piece = self._shard_slice(saved)[r0 - saved.row_offset : r1 - saved.row_offset]
             rows = slice(r0 - target.row_offset, r1 - target.row_offset)
             # float64 sums of float32 values times small ints are exact: one contributor round-trips bitwise
             total[rows] += piece.to(torch.float64) * (c1 - c0)

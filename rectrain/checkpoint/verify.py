@@ -51,7 +51,8 @@ def _coverage(what: str, state: StateEntry, shape: tuple[int, int]) -> list[str]
         return [] if state.shards else [f"{what}: no shard stored"]
     problems = []
     for s in state.shards:
-        if s.row_offset < 0 or s.col_offset < 0 or s.row_end > rows or s.col_end > cols:
+        negative = min(s.row_offset, s.col_offset, s.num_rows, s.num_cols) < 0
+        if negative or s.row_end > rows or s.col_end > cols:
             problems.append(
                 f"{what}: shard rows {s.row_offset}+{s.num_rows}, cols {s.col_offset}+{s.num_cols} "
                 f"({s.file}) lies outside the table {list(shape)}"
@@ -95,6 +96,26 @@ def _shape_problems(manifest: Manifest) -> list[str]:
     return problems
 
 
+def layout_problems(manifest: Manifest) -> list[str]:
+    """Coverage, overlap and shape problems of the manifest alone (cheap: no file is opened)."""
+    problems = []
+    for key, table in manifest.tables.items():
+        for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
+            problems += _coverage(f"table {table.name!r} ({key}) {name}", state, table.global_shape)
+    return problems + _shape_problems(manifest)
+
+
+def check_layout(step_dir: Path, manifest: Manifest) -> None:
+    """Raise CheckpointError with ``verify``'s messages unless every shard lies inside its table, none
+    overlaps another and together they store each value exactly once (what every loader relies on)."""
+    problems = layout_problems(manifest)
+    if problems:
+        raise CheckpointError(
+            f"{step_dir}: the manifest's shards are inconsistent ({len(problems)} problem(s), as "
+            f"`rectrain ckpt verify` reports): " + "; ".join(problems)
+        )
+
+
 def _tensor_problems(step_dir: Path, manifest: Manifest, readable: set[str]) -> list[str]:
     """Every tensor the manifest names exists with the recorded shape (reads file headers only)."""
     problems = []
@@ -131,9 +152,6 @@ def verify_checkpoint(path: str | Path, step: int | None = None, checksums: bool
             report.problems.append(str(e))
     for file in sorted(set(_wanted_tensors(manifest)) - set(manifest.files)):
         report.problems.append(f"{step_dir / MANIFEST}: names {file!r} but records no checksum for it")
-    for key, table in manifest.tables.items():
-        for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
-            report.problems += _coverage(f"table {table.name!r} ({key}) {name}", state, table.global_shape)
-    report.problems += _shape_problems(manifest)
+    report.problems += layout_problems(manifest)
     report.problems += _tensor_problems(step_dir, manifest, readable)
     return report

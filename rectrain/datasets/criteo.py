@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.rows import RowError, RowStats, batched, iter_rows
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
 from rectrain.datasets.sharding import check_rank, current_shard
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
@@ -34,6 +34,7 @@ NUM_COLUMNS = 1 + NUM_DENSE + NUM_SPARSE
 DEFAULT_INT_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
 DEFAULT_CAT_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 MISSING_ID = 0
+MAX_HEX_DIGITS = 64  # Criteo's are 8; a longer string is garbage, and int(., 16) of it costs its length
 _HEX = frozenset(string.hexdigits)
 
 
@@ -57,17 +58,19 @@ class CriteoConfig:
             raise ConfigError("CriteoConfig.paths must be a list of file paths, got a single string")
         if not self.paths:
             raise ConfigError("CriteoConfig.paths is empty; give at least one .tsv or .tsv.gz file")
-        if self.batch_size < 1:
-            raise ConfigError(f"CriteoConfig.batch_size must be >= 1, got {self.batch_size}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"CriteoConfig.batch_size must be an int >= 1, got {self.batch_size!r}")
         if len(self.cat_feature_names) != NUM_SPARSE:
             raise ConfigError(f"CriteoConfig.cat_feature_names needs {NUM_SPARSE} names")
         rows = self.table_rows()
-        if any(r < 2 for r in rows):
-            raise ConfigError(f"CriteoConfig.num_embeddings must be >= 2 (row 0 means missing), got {rows}")
+        if any(isinstance(r, bool) or not isinstance(r, int) or not 2 <= r <= MAX_TABLE_ROWS for r in rows):
+            raise ConfigError(
+                f"CriteoConfig.num_embeddings must be ints in [2, 2**62] (row 0 means missing), got {rows}"
+            )
 
     def table_rows(self) -> list[int]:
         """Rows of each categorical table, in feature order."""
-        if isinstance(self.num_embeddings, int):
+        if not isinstance(self.num_embeddings, (list, tuple)):
             return [self.num_embeddings] * NUM_SPARSE
         if len(self.num_embeddings) != NUM_SPARSE:
             raise ConfigError(
@@ -93,17 +96,16 @@ def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float],
         raise RowError(1, f"label must be 0 or 1, got {cols[0]!r}")
     dense = []
     for i, text in enumerate(cols[1 : 1 + NUM_DENSE]):
-        try:
-            x = int(text) if text else 0
-        except ValueError:
-            raise RowError(
-                2 + i, f"integer feature {DEFAULT_INT_NAMES[i]} is not an integer: {text!r}"
-            ) from None
+        x = parse_int(text, 2 + i, f"integer feature {DEFAULT_INT_NAMES[i]}") if text else 0
         dense.append(math.log1p(max(x, 0)))
     ids = []
     for i, text in enumerate(cols[1 + NUM_DENSE :]):
-        if not _HEX.issuperset(text):
-            raise RowError(2 + NUM_DENSE + i, f"categorical feature cat_{i} is not hex: {text!r}")
+        if len(text) > MAX_HEX_DIGITS or not _HEX.issuperset(text):
+            shown = f"{text[:40]!r}{'...' if len(text) > 40 else ''}"
+            raise RowError(
+                2 + NUM_DENSE + i,
+                f"categorical feature cat_{i} is not hex of <= {MAX_HEX_DIGITS} digits: {shown}",
+            )
         ids.append(hash_categorical(text, rows[i]))
     return int(cols[0]), dense, ids
 

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.rows import RowError, RowStats, batched, iter_rows
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
 from rectrain.datasets.sharding import check_rank, current_shard
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
@@ -55,10 +55,12 @@ class MovieLensConfig:
                 raise ConfigError(f"MovieLensConfig.paths: {p} is neither a .dat nor a .csv file (or .gz)")
         if self.task not in ("binary", "regression"):
             raise ConfigError(f"MovieLensConfig.task must be 'binary' or 'regression', got {self.task!r}")
-        if self.batch_size < 1:
-            raise ConfigError(f"MovieLensConfig.batch_size must be >= 1, got {self.batch_size}")
-        if self.num_user_embeddings < 1 or self.num_movie_embeddings < 1:
-            raise ConfigError("MovieLensConfig.num_user_embeddings and num_movie_embeddings must be >= 1")
+        for name in ("batch_size", "num_user_embeddings", "num_movie_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TABLE_ROWS:
+                raise ConfigError(f"MovieLensConfig.{name} must be an int in [1, 2**62], got {value!r}")
+        if not math.isfinite(self.threshold):
+            raise ConfigError(f"MovieLensConfig.threshold must be a finite number, got {self.threshold!r}")
 
 
 def _layout(path: str) -> str | None:
@@ -88,13 +90,7 @@ def parse_rating_line(line: str, layout: str) -> tuple[int, int, float] | None:
 
 
 def _parse_int(text: str, index: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise RowError(index + 1, f"{_FIELDS[index]} is not an integer: {text!r}") from None
-    if value < 0:
-        raise RowError(index + 1, f"{_FIELDS[index]} is negative: {text!r}")
-    return value
+    return parse_int(text, index + 1, _FIELDS[index], low=0)
 
 
 class MovieLensDataset(IterableDataset):

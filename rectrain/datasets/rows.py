@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ T = TypeVar("T")
 #: Per file and reader, warnings for the first this many skipped rows; then one line that says so.
 MAX_WARNINGS_PER_FILE = 20
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_TABLE_ROWS = 2**62  # a table size from a config: ids must fit int64 tensors and FBGEMM's row arithmetic
+# ASCII digits only: Python's int() also takes "1_000", non-ASCII digits and 4,000-digit strings.
+_INTEGER = re.compile(r"[-+]?[0-9]{1,40}")
+
 
 class MalformedRowError(RecTrainError, ValueError):
     """A row of a data file could not be parsed (``strict=True``); names file, line and column."""
@@ -44,6 +50,23 @@ class RowError(ValueError):
     def __init__(self, column: int | str, message: str) -> None:
         super().__init__(message)
         self.column = column
+
+
+def parse_int(text: str, column: int | str, what: str, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    """``text`` (surrounding spaces allowed) as an int in ``[low, high]``, else ``RowError`` naming ``what``.
+
+    Every integer read from a data file goes through here, so none can overflow an int64 tensor or
+    become an out-of-range id later.
+    """
+    stripped = text.strip()
+    if not _INTEGER.fullmatch(stripped):
+        raise RowError(column, f"{what} is not an integer: {text[:40]!r}{'...' if len(text) > 40 else ''}")
+    value = int(stripped)
+    if value < low:
+        raise RowError(column, f"{what} is negative: {text!r}" if low == 0 else f"{what} {value} < {low}")
+    if value > high:
+        raise RowError(column, f"{what} {value} is larger than {high}")
+    return value
 
 
 @dataclass
