@@ -142,8 +142,8 @@ def _raw_call(server, method: str):
 @pytest.mark.parametrize(
     ("method", "valid"),
     [
-        ("/recserve.v1.Predictor/Predict", lambda: encode_predict_request(*random_batch(1)).SerializeToString()),
-        ("/inference.GRPCInferenceService/ModelInfer", lambda: infer_request(*random_batch(1), True).SerializeToString()),
+        ("/recserve.v1.Predictor/Predict", lambda: encode_predict_request(*random_batch(1))),
+        ("/inference.GRPCInferenceService/ModelInfer", lambda: infer_request(*random_batch(1), True)),
     ],
     ids=["predictor", "oip"],
 )  # fmt: skip
@@ -163,7 +163,7 @@ def test_undecodable_messages_are_invalid_argument_counted_and_logged_once(packa
                     call(data, timeout=10)
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "is not a valid" in info.value.details()
-        assert call(valid(), timeout=10)  # and the server still answers
+        assert call(valid().SerializeToString(), timeout=10)  # and the server still answers
         counted = scrape(server)["recserve_requests_total"]
     logged = [r for r in caplog.records if r.name == "recserve.server.handlers"]
     assert len(logged) == 1 and "1 undecodable request(s)" in logged[0].getMessage()
@@ -189,18 +189,21 @@ def _oip_mutations():
 
         return mutate
 
+    def shape(i, dims):
+        return lambda r: r.inputs[i].shape.__setitem__(slice(None), dims)
+
     return [
         ("weights_on_unweighted", weights, "inputs['f0.weights']: feature 'f0' is not weighted"),
         ("unknown_output", lambda r: r.outputs.add(name="probabilities"), "outputs['probabilities']"),
         ("output_twice", lambda r: [r.outputs.add(name="scores") for _ in range(2)], "requested twice"),
         ("priority_string", param("request", "priority", string_param="high"), "parameters['priority']"),
-        ("timeout_negative", param("request", "timeout", int64_param=-5), "parameters['timeout']: must be >= 0"),
+        ("timeout_negative", param("request", "timeout", int64_param=-5), "['timeout']: must be >= 0"),
         ("sequence_start_int", param("request", "sequence_start", int64_param=1), "expected bool_param"),
         ("shared_memory", param("input", "shared_memory_region", string_param="r"), "shared memory"),
         ("binary_data_str", param("output", "binary_data", string_param="y"), "outputs['scores'].parameters"),
         ("classification", param("output", "classification", int64_param=3), "classification"),
-        ("shape_wraps_in_int64", lambda r: r.inputs[0].shape.__setitem__(slice(None), [2**32, 2**32]), "dense"),
-        ("negative_dims", lambda r: r.inputs[0].shape.__setitem__(slice(None), [-2, -4]), "negative dimension"),
+        ("shape_wraps_in_int64", shape(0, [2**32, 2**32]), "raw_input_contents['dense']"),
+        ("negative_dims", shape(0, [-2, -4]), "negative dimension"),
         ("rank", lambda r: r.inputs[1].shape.append(1), "inputs['f0.lengths'].shape: expected [n]"),
     ]  # fmt: skip
 
