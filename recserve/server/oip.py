@@ -151,6 +151,11 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
     """Named OIP inputs → the key-major arrays of one KJT plus the dense matrix."""
     check_parameters("parameters", req.parameters, _REQUEST_PARAMETERS)
     check_outputs(req)
+    most = 1 + 3 * len(schema.feature_names)  # dense, then lengths, values and weights per feature
+    if len(req.inputs) > most:
+        raise InvalidRequestError(
+            f"inputs: {len(req.inputs)} inputs; model {schema.model_name!r} has {most} at most"
+        )
     raws = list(req.raw_input_contents)
     if raws and len(raws) != len(req.inputs):
         raise InvalidRequestError(f"raw_input_contents: {len(raws)} entries for {len(req.inputs)} inputs")

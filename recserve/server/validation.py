@@ -158,16 +158,16 @@ def _key_order(keys: list[str], expected: list[str]) -> list[int] | None:
     """Indices that put ``keys`` in ``expected`` order (None when already there)."""
     if keys == expected:
         return None
+    known = set(expected)  # once: a request may send many keys, and each is looked up
     index = {}
     for i, k in enumerate(keys):
         if k in index:
             raise InvalidRequestError(f"sparse.keys: feature {k!r} appears twice")
+        if k not in known:
+            raise InvalidRequestError(
+                f"sparse.keys: unknown feature {k!r} (the model's features: {expected})"
+            )
         index[k] = i
-    unknown = [k for k in keys if k not in set(expected)]
-    if unknown:
-        raise InvalidRequestError(
-            f"sparse.keys: unknown feature {unknown[0]!r} (the model's features: {expected})"
-        )
     missing = [k for k in expected if k not in index]
     if missing:
         raise InvalidRequestError(f"sparse.keys: missing feature {missing[0]!r} (the model needs {expected})")

@@ -204,6 +204,7 @@ def _oip_mutations():
         ("classification", param("output", "classification", int64_param=3), "classification"),
         ("shape_wraps_in_int64", shape(0, [2**32, 2**32]), "raw_input_contents['dense']"),
         ("negative_dims", shape(0, [-2, -4]), "negative dimension"),
+        ("too_many_inputs", lambda r: [r.inputs.add(name=f"f{i}.x") for i in range(10)], "inputs: 17 inputs"),
         ("rank", lambda r: r.inputs[1].shape.append(1), "inputs['f0.lengths'].shape: expected [n]"),
     ]  # fmt: skip
 
