@@ -32,23 +32,45 @@ class UndecodableRequest:
 
 
 class DecodeFailureLog:
-    """Logs undecodable requests at most once per ``interval_s``, with how many came since the last line."""
+    """Logs undecodable requests at most once per ``interval_s``, with how many came since the last line.
+
+    The first failure is logged at once; later ones in the interval are counted, and a timer logs that count
+    when the interval ends, so a burst that then stops is still reported.
+    """
 
     def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
         self._clock = clock
         self._lock = threading.Lock()
         self._count = 0
+        self._last = ("", "")
         self._next_log = float("-inf")
+        self._timer: threading.Timer | None = None
 
     def record(self, method: str, error: str) -> None:
         with self._lock:
             self._count += 1
+            self._last = (method, error)
             now = self._clock()
             if now < self._next_log:
+                if self._timer is None:
+                    self._timer = threading.Timer(self._next_log - now, self.flush)
+                    self._timer.daemon = True
+                    self._timer.start()
                 return
+        self.flush()
+
+    def flush(self) -> None:
+        """Logs the failures counted since the last line (none: nothing) and starts a new interval."""
+        with self._lock:
             count, self._count = self._count, 0
-            self._next_log = now + self.interval_s
+            if self._timer is not None:
+                self._timer.cancel()  # a no-op when the timer itself is calling
+                self._timer = None
+            if not count:
+                return
+            self._next_log = self._clock() + self.interval_s
+            method, error = self._last
         logger.warning(
             "%d undecodable request(s) answered INVALID_ARGUMENT (logged at most every %.0f s); last: %s: %s",
             count,

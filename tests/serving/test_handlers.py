@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -29,10 +30,26 @@ def test_failures_are_logged_once_per_interval_with_the_count_since_the_last_lin
             log.record("/m", "bad")
         clock.now = 61.0
         log.record("/m", "worse")
+        clock.now = 62.0
+        log.record("/m", "again")  # counted; the interval's timer (here: flush) logs it
+        log.flush()
+        log.flush()  # nothing new: no line
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("1 undecodable request(s)")
     assert lines[1].startswith("4 undecodable request(s)") and lines[1].endswith("/m: worse")
+    assert lines[2].startswith("1 undecodable request(s)") and lines[2].endswith("/m: again")
+
+
+def test_a_burst_that_stops_is_still_reported_when_its_interval_ends(caplog):
+    log = DecodeFailureLog(interval_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="recserve.server.handlers"):
+        for _ in range(5):
+            log.record("/m", "bad")
+        deadline = time.monotonic() + 5
+        while len(caplog.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [r.getMessage()[:2] for r in caplog.records] == ["1 ", "4 "]
 
 
 class Echo:
