@@ -23,9 +23,10 @@ from grpc_reflection.v1alpha import reflection
 from recserve.server.batcher import BatcherConfig
 from recserve.server.config import ServeConfig
 from recserve.server.core import InferenceCore
+from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
-from recserve.server.protos import ADMIN_SERVICE, OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2_grpc, pb2_grpc
+from recserve.server.protos import ADMIN_SERVICE, OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, pb2_grpc
 from recserve.server.reload import Reloader, newest_version_dir
 from recserve.server.runner import ModelRunner
 from recserve.server.servicer import AdminServicer, PredictorServicer
@@ -102,9 +103,10 @@ class RecServer:
             options=options,
             maximum_concurrent_rpcs=cfg.grpc_threads + cfg.max_queue_size,
         )
-        pb2_grpc.add_PredictorServicer_to_server(PredictorServicer(self.core), server)
+        decode_log = DecodeFailureLog()
+        add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
         pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.reloader), server)
-        oip_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.core), server)
+        add_service(server, oip_pb2, "GRPCInferenceService", InferenceServicer(self.core), decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (PREDICTOR_SERVICE, ADMIN_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)

@@ -13,6 +13,7 @@ entry per input, in input order); the reply uses the same form as the request.
 
 from __future__ import annotations
 
+import math
 import time
 
 import grpc
@@ -36,6 +37,24 @@ _DATATYPES = {
     "FP32": ("<f4", "fp32_contents"),
     "INT32": ("<i4", "int_contents"),
     "INT64": ("<i8", "int64_contents"),
+}
+# Parameters the Triton/KServe clients send, with the InferParameter field each must use.
+_REQUEST_PARAMETERS = {
+    "priority": ("int64_param",),
+    "timeout": ("int64_param",),
+    "sequence_id": ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "binary_data_output": ("bool_param",),
+}
+_INPUT_PARAMETERS = {"binary_data_size": ("int64_param",)}
+_OUTPUT_PARAMETERS = {"binary_data": ("bool_param",)}
+_SHARED_MEMORY = "shared memory is not supported; send the tensor in the request"
+_UNSUPPORTED = {
+    "shared_memory_region": _SHARED_MEMORY,
+    "shared_memory_byte_size": _SHARED_MEMORY,
+    "shared_memory_offset": _SHARED_MEMORY,
+    "classification": "classification outputs are not supported; request 'scores' without it",
 }
 _ACCEPTED = {
     "dense": ("FP32",),
@@ -65,8 +84,9 @@ def _decode_input(tensor, raw: bytes | None) -> Tensor:
         raise InvalidRequestError(
             f"inputs[{tensor.name!r}].datatype: expected one of {_ACCEPTED[role]}, got {tensor.datatype!r}"
         )
+    check_parameters(f"inputs[{tensor.name!r}]", tensor.parameters, _INPUT_PARAMETERS)
+    count = _element_count(tensor, rank=2 if role == "dense" else 1)
     le, field = _DATATYPES[tensor.datatype]
-    count = int(np.prod(tensor.shape)) if len(tensor.shape) else 0
     if raw is not None:
         itemsize = np.dtype(le).itemsize
         if len(raw) != count * itemsize:
@@ -84,8 +104,58 @@ def _decode_input(tensor, raw: bytes | None) -> Tensor:
     return torch.from_numpy(arr)
 
 
+def _element_count(tensor, rank: int) -> int:
+    """The shape's element count, each dimension checked first: ``np.prod`` of int64 dims wraps silently
+    (``[2**32, 2**32]`` is 0 elements to it), and two negative dims multiply to a positive count."""
+    shape = list(tensor.shape)
+    if len(shape) != rank:
+        expected = "[batch, dense_in_features]" if rank == 2 else "[n]"
+        raise InvalidRequestError(f"inputs[{tensor.name!r}].shape: expected {expected}, got {shape}")
+    if min(shape) < 0:
+        raise InvalidRequestError(f"inputs[{tensor.name!r}].shape: negative dimension in {shape}")
+    return math.prod(shape)  # Python ints: exact, then compared with the data actually sent
+
+
+def check_outputs(req: oip_pb2.ModelInferRequest) -> None:
+    """Requested outputs must be ones the model has (Triton rejects the others), each asked for once."""
+    seen = set()
+    for out in req.outputs:
+        if out.name != SCORES_OUTPUT:
+            raise InvalidRequestError(
+                f"outputs[{out.name!r}]: the model has no such output (its outputs: [{SCORES_OUTPUT!r}])"
+            )
+        if out.name in seen:
+            raise InvalidRequestError(f"outputs[{out.name!r}]: requested twice")
+        seen.add(out.name)
+        check_parameters(f"outputs[{out.name!r}]", out.parameters, _OUTPUT_PARAMETERS)
+
+
+def check_parameters(where: str, parameters, known: dict[str, tuple[str, ...]]) -> None:
+    """Parameters Triton defines must carry the type it defines; features recserve lacks (shared memory,
+    classification) are refused; other names pass, as Triton hands custom parameters to its backends."""
+    for name, param in parameters.items():
+        if name in _UNSUPPORTED:
+            raise InvalidRequestError(f"{where}.parameters[{name!r}]: {_UNSUPPORTED[name]}")
+        if name not in known:
+            continue
+        kind = param.WhichOneof("parameter_choice")
+        if kind not in known[name]:
+            raise InvalidRequestError(
+                f"{where}.parameters[{name!r}]: expected {' or '.join(known[name])}, got {kind or 'no value'}"
+            )
+        if kind == "int64_param" and param.int64_param < 0:
+            raise InvalidRequestError(f"{where}.parameters[{name!r}]: must be >= 0, got {param.int64_param}")
+
+
 def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) -> FeatureArrays:
     """Named OIP inputs → the key-major arrays of one KJT plus the dense matrix."""
+    check_parameters("parameters", req.parameters, _REQUEST_PARAMETERS)
+    check_outputs(req)
+    most = 1 + 3 * len(schema.feature_names)  # dense, then lengths, values and weights per feature
+    if len(req.inputs) > most:
+        raise InvalidRequestError(
+            f"inputs: {len(req.inputs)} inputs; model {schema.model_name!r} has {most} at most"
+        )
     raws = list(req.raw_input_contents)
     if raws and len(raws) != len(req.inputs):
         raise InvalidRequestError(f"raw_input_contents: {len(raws)} entries for {len(req.inputs)} inputs")
@@ -96,28 +166,27 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
         tensors[t.name] = (t, _decode_input(t, raws[i] if raws else None))
     if DENSE_INPUT in tensors:
         shape = list(tensors[DENSE_INPUT][0].shape)
-        batch = shape[0] if shape else 0
+        batch = shape[0]
+        if shape[1] != schema.dense_in_features:
+            raise InvalidRequestError(
+                f"inputs['dense'].shape: expected [batch, {schema.dense_in_features}], got {shape}"
+            )
     else:
         lengths = [t for name, (t, _) in tensors.items() if name.endswith(".lengths")]
-        batch = lengths[0].shape[0] if lengths and lengths[0].shape else 0
+        batch = lengths[0].shape[0] if lengths else 0
     dense = tensors.pop(DENSE_INPUT, (None, torch.zeros(0)))[1]
     features = [n[: -len(".lengths")] for n in tensors if n.endswith(".lengths")]
-    lengths, values, weights = [], [], []
-    for f in features:
-        length = tensors[f"{f}.lengths"][1]
-        if length.numel() != batch:
-            raise InvalidRequestError(
-                f"inputs[{f + '.lengths'!r}]: {length.numel()} entries for {batch} examples"
-            )
-        if f"{f}.values" not in tensors:
-            raise InvalidRequestError(f"inputs: {f + '.lengths'!r} given without {f + '.values'!r}")
-        lengths.append(length.to(torch.int64))
-        values.append(tensors[f"{f}.values"][1].to(torch.int64))
-        if f"{f}.weights" in tensors:
-            weights.append(tensors[f"{f}.weights"][1])
     orphans = [n for n in tensors if n.rsplit(".", 1)[0] not in features]
     if orphans:
         raise InvalidRequestError(f"inputs[{orphans[0]!r}]: no matching '<feature>.lengths' input")
+    lengths, values, weights = [], [], []
+    for f in features:
+        if f"{f}.values" not in tensors:
+            raise InvalidRequestError(f"inputs: {f + '.lengths'!r} given without {f + '.values'!r}")
+        lengths.append(_feature_lengths(f, tensors[f"{f}.lengths"][1], batch, tensors[f"{f}.values"][1]))
+        values.append(tensors[f"{f}.values"][1].to(torch.int64))
+        if f"{f}.weights" in tensors:
+            weights.append(_feature_weights(f, tensors[f"{f}.weights"][1], values[-1], schema))
     if weights and len(weights) != len(features):
         raise InvalidRequestError("inputs: give '<feature>.weights' for every feature or for none")
     return FeatureArrays(
@@ -129,6 +198,40 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
         weights=torch.cat(weights) if weights else None,
         request_id=req.id,
     )
+
+
+def _feature_lengths(feature: str, lengths: Tensor, batch: int, values: Tensor) -> Tensor:
+    """One feature's lengths as int64, each in ``[0, its value count]`` before they are summed (an INT64 sum
+    of unchecked lengths wraps: 2^62 four times is 0), then summing to exactly that count."""
+    name = f"{feature}.lengths"
+    if lengths.numel() != batch:
+        raise InvalidRequestError(f"inputs[{name!r}]: {lengths.numel()} entries for {batch} examples")
+    lengths = lengths.to(torch.int64)
+    n = values.numel()
+    if batch:
+        smallest, largest = (int(x) for x in torch.aminmax(lengths))
+        if smallest < 0 or largest > n:
+            example = int(((lengths < 0) | (lengths > n)).nonzero()[0])
+            raise InvalidRequestError(
+                f"inputs[{name!r}]: length {int(lengths[example])} at example {example} is outside [0, {n}] "
+                f"({n} values sent in {feature + '.values'!r})"
+            )
+    total = int(lengths.sum())
+    if total != n:
+        raise InvalidRequestError(f"inputs[{feature + '.values'!r}]: {n} values, but {name!r} sum to {total}")
+    return lengths
+
+
+def _feature_weights(feature: str, weights: Tensor, values: Tensor, schema: ModelSchema) -> Tensor:
+    name = f"{feature}.weights"
+    if feature not in schema.weighted_features:
+        raise InvalidRequestError(
+            f"inputs[{name!r}]: feature {feature!r} is not weighted in model {schema.model_name!r}; "
+            "send no weights for it"
+        )
+    if weights.numel() != values.numel():
+        raise InvalidRequestError(f"inputs[{name!r}]: {weights.numel()} weights for {values.numel()} values")
+    return weights
 
 
 class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):

@@ -68,25 +68,11 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         )
     dense = _check_dense(arrays.dense, b, schema.dense_in_features)
     order = _key_order(arrays.keys, schema.feature_names)
-    lengths, values, weights = arrays.lengths, arrays.values, arrays.weights
+    values, weights = arrays.values, arrays.weights
+    lengths = _check_lengths(arrays.lengths, arrays.keys, b, values.numel())
+    if weights is not None:
+        _check_weights(weights, values.numel(), arrays.keys, schema)
     num_keys = len(arrays.keys)
-    if lengths.numel() != num_keys * b:
-        raise InvalidRequestError(
-            f"sparse.lengths: expected {num_keys} keys x {b} examples = {num_keys * b} entries, "
-            f"got {lengths.numel()}"
-        )
-    lengths = lengths.to(torch.int64)
-    if num_keys and bool((lengths < 0).any()):
-        raise InvalidRequestError(f"sparse.lengths: negative length {int(lengths.min())}")
-    total = int(lengths.sum())
-    if total != values.numel():
-        raise InvalidRequestError(
-            f"sparse.values: lengths sum to {total} but {values.numel()} values were sent"
-        )
-    if weights is not None and weights.numel() != values.numel():
-        raise InvalidRequestError(
-            f"sparse.weights: {weights.numel()} weights for {values.numel()} values (one per value, or none)"
-        )
     per_key = lengths.view(num_keys, b).sum(dim=1)
     if order is not None:
         lengths, values, weights, per_key = _permute(
@@ -103,6 +89,54 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         validate=False,
     )
     return InferenceRequest(dense, kjt, arrays.request_id)
+
+
+def _check_lengths(lengths: Tensor, keys: list[str], b: int, num_values: int) -> Tensor:
+    """``lengths`` as int64 once each lies in ``[0, num_values]`` and together they sum to ``num_values``.
+
+    The element-wise bound comes before any sum: a sum of unbounded int64 lengths wraps modulo 2^64 (four
+    lengths of 2^62 "sum" to 0), which would let a lying request reach the kernels. Bounded, the sum cannot
+    wrap: a message holds fewer than 2^31 lengths and 2^31 values, so it stays below 2^62.
+    """
+    if lengths.numel() != len(keys) * b:
+        raise InvalidRequestError(
+            f"sparse.lengths: expected {len(keys)} keys x {b} examples = {len(keys) * b} entries, "
+            f"got {lengths.numel()}"
+        )
+    lengths = lengths.to(torch.int64)
+    if lengths.numel() == 0:
+        total = 0
+    else:
+        smallest, largest = (int(x) for x in torch.aminmax(lengths))
+        if smallest < 0 or largest > num_values:
+            pos = int(((lengths < 0) | (lengths > num_values)).nonzero()[0])
+            bad, where = int(lengths[pos]), f"(feature {keys[pos // b]!r}, example {pos % b})"
+            if bad < 0:
+                raise InvalidRequestError(f"sparse.lengths: negative length {bad} {where}")
+            raise InvalidRequestError(
+                f"sparse.lengths: length {bad} {where} is more than the {num_values} values sent"
+            )
+        total = int(lengths.sum())
+    if total != num_values:
+        raise InvalidRequestError(f"sparse.values: lengths sum to {total} but {num_values} values were sent")
+    return lengths
+
+
+def _check_weights(weights: Tensor, num_values: int, keys: list[str], schema: ModelSchema) -> None:
+    unweighted = [k for k in keys if k not in schema.weighted_features]
+    if unweighted:
+        raise InvalidRequestError(
+            f"sparse.weights: feature {unweighted[0]!r} is not weighted in model {schema.model_name!r} "
+            f"(weighted features: {sorted(schema.weighted_features)}); send no weights"
+        )
+    if weights.numel() != num_values:
+        raise InvalidRequestError(
+            f"sparse.weights: {weights.numel()} weights for {num_values} values (one per value, or none)"
+        )
+    finite = torch.isfinite(weights)
+    if not bool(finite.all()):
+        pos = int((~finite).nonzero()[0])
+        raise InvalidRequestError(f"sparse.weights: NaN or inf at value {pos} ({weights[pos].item()})")
 
 
 def _check_dense(dense: Tensor, b: int, width: int) -> Tensor:
@@ -124,16 +158,16 @@ def _key_order(keys: list[str], expected: list[str]) -> list[int] | None:
     """Indices that put ``keys`` in ``expected`` order (None when already there)."""
     if keys == expected:
         return None
+    known = set(expected)  # once: a request may send many keys, and each is looked up
     index = {}
     for i, k in enumerate(keys):
         if k in index:
             raise InvalidRequestError(f"sparse.keys: feature {k!r} appears twice")
+        if k not in known:
+            raise InvalidRequestError(
+                f"sparse.keys: unknown feature {k!r} (the model's features: {expected})"
+            )
         index[k] = i
-    unknown = [k for k in keys if k not in set(expected)]
-    if unknown:
-        raise InvalidRequestError(
-            f"sparse.keys: unknown feature {unknown[0]!r} (the model's features: {expected})"
-        )
     missing = [k for k in expected if k not in index]
     if missing:
         raise InvalidRequestError(f"sparse.keys: missing feature {missing[0]!r} (the model needs {expected})")

@@ -19,8 +19,8 @@ FEATURES = ["a", "b", "c"]
 ROWS = {"a": 10, "b": 1000, "c": 3}
 
 
-def schema(width: int = 4, max_batch_size: int = 64) -> ModelSchema:
-    md = PackageMetadata("m", "1", FEATURES, width, ROWS, [], {})
+def schema(width: int = 4, max_batch_size: int = 64, weighted: bool = False) -> ModelSchema:
+    md = PackageMetadata("m", "1", FEATURES, width, ROWS, FEATURES if weighted else [], {})
     return ModelSchema.from_metadata(md, max_batch_size)
 
 
@@ -49,7 +49,8 @@ def requests(draw, keys=FEATURES, width=4, weighted=None):
 
 def roundtrip(dense, kjt, raw: bool, s: ModelSchema | None = None):
     wire = encode_predict_request(dense, kjt, request_id="r1", raw=raw).SerializeToString()
-    return check_request(decode_predict_request(pb2.PredictRequest.FromString(wire)), s or schema())
+    s = s or schema(weighted=kjt.weights_or_none() is not None)
+    return check_request(decode_predict_request(pb2.PredictRequest.FromString(wire)), s)
 
 
 @given(requests(), st.booleans())
@@ -154,7 +155,7 @@ def test_bad_input_names_the_field(field, value, message):
     arrays_or_error = None
     with pytest.raises(InvalidRequestError, match=message) as info:
         arrays_or_error = decode_predict_request(req)
-        check_request(arrays_or_error, schema())
+        check_request(arrays_or_error, schema(weighted=True))
     assert field.split(".")[0] in str(info.value) or "batch_size" in str(info.value)
 
 

@@ -105,10 +105,11 @@ def _mutations():
 
         return mutate
 
-    one, nine = (1).to_bytes(4, "little"), (9).to_bytes(4, "little")
+    one, two, nine = (1).to_bytes(4, "little"), (2).to_bytes(4, "little"), (9).to_bytes(4, "little")
     nan = torch.tensor([float("nan")] * 8, dtype=torch.float32).numpy().tobytes()
     return [
-        ("lengths_do_not_sum", setter("sparse.lengths_raw", nine + one * 5), "sparse.values"),
+        ("lengths_do_not_sum", setter("sparse.lengths_raw", two + one * 5), "sparse.values"),
+        ("length_over_values", setter("sparse.lengths_raw", nine + one * 5), "sparse.lengths: length 9"),
         ("lengths_count", setter("sparse.lengths_raw", one * 5), "sparse.lengths"),
         ("unknown_feature", setter("sparse.keys", ["f0", "f1", "zz"]), "unknown feature 'zz'"),
         ("missing_feature", setter("sparse.keys", ["f0", "f1"]), "missing feature 'f2'"),
