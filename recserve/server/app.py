@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 from concurrent import futures
@@ -22,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from recserve.server.admin import build_admin_server
-from recserve.server.admission import AdmissionLimit, shed_pool
+from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
 from recserve.server.batcher import BatcherConfig
 from recserve.server.config import ServeConfig
 from recserve.server.core import InferenceCore
@@ -91,10 +92,15 @@ class RecServer:
         )
         self.health = health.HealthServicer()
         self.admission = AdmissionLimit(cfg.effective_max_inflight)
+        self.lag = None
+        if cfg.max_queue_lag_ms > 0:
+            watched = (f"/{PREDICTOR_SERVICE}/Predict", f"/{OIP_SERVICE}/ModelInfer")
+            self.lag = QueueLag(watched, target_s=cfg.max_queue_lag_ms / 1000.0)
         self._shed_pool = shed_pool()
         self._server = self._build_grpc_server()
         self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.reloader, self.metrics)
         self._metrics_http = None
+        self._probe_dir: str | None = None
         self.port = 0
         self.admin_port = 0
 
@@ -112,7 +118,9 @@ class RecServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
             interceptors=[
-                StatusInterceptor(self.metrics, admission=self.admission, shed_pool=self._shed_pool)
+                StatusInterceptor(
+                    self.metrics, admission=self.admission, lag=self.lag, shed_pool=self._shed_pool
+                )
             ],
             options=options,
             # Past one RPC per handler thread gRPC itself refuses, on its polling thread (the cheapest refusal
@@ -135,8 +143,15 @@ class RecServer:
             self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"--host/--port: could not bind {address}")
+        probe_address = None
+        if self.lag is not None:
+            probe_address, self._probe_dir = private_socket()
+            if self._server.add_insecure_port(probe_address) == 0:
+                raise OSError(f"could not bind the queue-lag probe socket {probe_address}")
         self._start_admin()
         self._server.start()
+        if probe_address is not None:
+            self.lag.start(probe_address)
         if cfg.metrics_port is not None:
             self._metrics_http = start_metrics_http_server(
                 cfg.metrics_port, cfg.metrics_host, self.metrics.registry
@@ -175,7 +190,11 @@ class RecServer:
         if self._admin is not None:
             self._admin.stop(grace=None)
         self.reloader.stop()
+        if self.lag is not None:
+            self.lag.stop()
         self._server.stop(grace=self.cfg.drain_timeout_s).wait()
+        if self._probe_dir is not None:
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
         self._shed_pool.shutdown(wait=False)
         self.core.close()
         if self._metrics_http is not None:

@@ -46,6 +46,12 @@ def _add_serve(subparsers) -> None:
         help="RPCs admitted at once per worker; more get RESOURCE_EXHAUSTED at once "
         "(default: --grpc-threads less 1/8, at most --max-queue-size)",
     )
+    p.add_argument(
+        "--max-queue-lag-ms",
+        type=float,
+        default=100.0,
+        help="refuse new RPCs at once while RPCs wait longer than this before a handler sees them (0: off)",
+    )
     p.add_argument("--max-message-mb", type=int, default=64, help="largest request/reply message")
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -90,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue_size=args.max_queue_size,
         grpc_threads=args.grpc_threads,
         max_inflight=args.max_inflight,
+        max_queue_lag_ms=args.max_queue_lag_ms,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

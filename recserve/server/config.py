@@ -32,6 +32,7 @@ class ServeConfig:
     max_queue_size: int = 4096
     grpc_threads: int = 64
     max_inflight: int | None = None  # None: default_max_inflight(grpc_threads, max_queue_size)
+    max_queue_lag_ms: float = 100.0  # refuse new calls while calls wait longer to be seen (0: off)
     max_message_bytes: int = 64 * 1024 * 1024
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -75,6 +76,8 @@ class ServeConfig:
                 f"--max-inflight: expected 1..--grpc-threads ({self.grpc_threads}), got {self.max_inflight}; "
                 "an admitted request must find a handler thread at once, so raise --grpc-threads with it"
             )
+        if self.max_queue_lag_ms < 0:
+            raise ServeConfigError(f"--max-queue-lag-ms: expected >= 0 (0: off), got {self.max_queue_lag_ms}")
         self._check_admin()
         try:
             self.batcher_config()

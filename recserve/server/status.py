@@ -40,7 +40,7 @@ from recserve.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from recserve.server.admission import AdmissionLimit
+from recserve.server.admission import AdmissionLimit, QueueLag, answer_probe
 from recserve.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -120,11 +120,14 @@ class StatusInterceptor(grpc.ServerInterceptor):
         metrics: ServerMetrics,
         *,
         admission: AdmissionLimit | None = None,
+        lag: QueueLag | None = None,
         shed_pool: futures.ThreadPoolExecutor | None = None,
     ) -> None:
         self._metrics = metrics
         self._admission = admission
+        self._lag = lag
         self._shed_pool = shed_pool
+        self._probe_handler = grpc.unary_unary_rpc_method_handler(self._on_shed_pool(answer_probe))
 
     def intercept_service(self, continuation, handler_call_details):
         # Runs on gRPC's polling thread as the RPC arrives, before it waits for a handler thread.
@@ -135,18 +138,28 @@ class StatusInterceptor(grpc.ServerInterceptor):
         if handler.unary_unary is None:
             return handler
         full_name = handler_call_details.method
-        admission = self._admission
+        lag, admission = self._lag, self._admission
+        if lag is not None and lag.is_probe(full_name, handler_call_details.invocation_metadata):
+            return self._probe_handler  # not counted: the server's own measurement
+        refusal = None
         if admission is None or full_name.startswith(EXEMPT_PREFIXES):
             outcome = _Outcome(self._metrics, full_name.lstrip("/"), None)
-            behavior = self._serve(handler.unary_unary, outcome)
-        elif admission.try_acquire():
-            outcome = _Outcome(self._metrics, full_name.lstrip("/"), admission.release)
-            behavior = self._serve(handler.unary_unary, outcome)
+        elif lag is not None and lag.overloaded():
+            refusal = (
+                f"server overloaded: new requests wait {lag.lag_s() * 1e3:.0f} ms before a handler sees them "
+                f"(over {lag.target_s * 1e3:.0f} ms, --max-queue-lag-ms); retry with backoff"
+            )
+        elif not admission.try_acquire():
+            limit = admission.limit
+            refusal = f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff"
         else:
+            outcome = _Outcome(self._metrics, full_name.lstrip("/"), admission.release)
+        if refusal is not None:
             outcome = _Outcome(self._metrics, full_name.lstrip("/"), None)
-            refuse = self._shed(outcome, admission.limit)
+            refuse = self._shed(outcome, refusal)
             weakref.finalize(refuse, _never_ran, outcome)
             return grpc.unary_unary_rpc_method_handler(refuse)  # the request stays bytes: never parsed
+        behavior = self._serve(handler.unary_unary, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
         return grpc.unary_unary_rpc_method_handler(
             behavior,
@@ -175,16 +188,21 @@ class StatusInterceptor(grpc.ServerInterceptor):
 
         return wrapped
 
-    def _shed(self, outcome: _Outcome, limit: int):
+    def _shed(self, outcome: _Outcome, message: str):
         def refuse(request, context: grpc.ServicerContext):
             outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff",
-            )
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
-        # gRPC runs a handler on the pool named by this attribute (else its own): refusals never queue
-        # behind admitted RPCs waiting for a handler thread.
+        return self._on_shed_pool(refuse)
+
+    def _on_shed_pool(self, behavior):
+        # gRPC runs a handler on the pool named by this attribute (else its own): refusals and probes never
+        # queue behind admitted RPCs waiting for a handler thread.
         if self._shed_pool is not None:
-            refuse.experimental_thread_pool = self._shed_pool
-        return refuse
+
+            def on_pool(request, context):
+                return behavior(request, context)
+
+            on_pool.experimental_thread_pool = self._shed_pool
+            return on_pool
+        return behavior

@@ -10,7 +10,7 @@ import pytest
 
 from recserve.client import PredictorClient
 from recserve.client.burst import fire_burst
-from recserve.server.admission import AdmissionLimit, default_max_inflight
+from recserve.server.admission import AdmissionLimit, QueueLag, default_max_inflight
 from recserve.server.codec import encode_predict_request, scores_of
 
 from .conftest import free_port, parse_metrics, random_batch, running_server, scrape, target
@@ -129,3 +129,19 @@ def test_a_burst_of_5000_calls_on_the_default_server_is_shed_and_counted(package
     assert set(histogram) <= {"OK", "RESOURCE_EXHAUSTED"}, histogram
     assert histogram["OK"] > 0
     assert counts == dict(histogram)
+
+
+def test_queue_lag_is_measured_by_the_servers_own_probes_only(package):
+    with running_server(package) as server:
+        lag = server.lag
+        _wait(lambda: all(lag._sent[m] is None and lag._lag[m] > 0 for m in lag.methods))
+        assert not lag.overloaded() and lag.lag_s() < lag.target_s
+        forged = ((QueueLag.HEADER, f"guess {time.monotonic() - 60!r}"),)
+        assert not lag.is_probe(lag.methods[0], forged)
+        assert not lag.overloaded()
+        client = PredictorClient(target(server))
+        call = client._predictor.Predict.with_call
+        _, info = call(encode_predict_request(*random_batch(2)), metadata=forged, timeout=10)
+        assert info.code() == grpc.StatusCode.OK  # a forged probe is an ordinary call
+        metrics = scrape(server)
+    assert _counts(metrics, PREDICT) == {"OK": 1}  # probes are not counted

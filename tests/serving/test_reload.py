@@ -87,9 +87,10 @@ def test_watch_refuses_a_version_folder_whose_manifest_says_another_version(pack
     with running_server(None, watch=watch, watch_interval_s=0.05) as server:
         client = PredictorClient(target(server))
         with caplog.at_level(logging.ERROR, logger="recserve"):
-            shutil.copytree(packages["1"], watch / "3")  # a re-export that kept --version 1
+            staged = shutil.copytree(packages["1"], tmp_path / "staged")  # a re-export that kept --version 1
+            staged.rename(watch / "3")  # placed atomically, as the docs say
             deadline = time.monotonic() + 20
-            while "version" not in caplog.text and time.monotonic() < deadline:
+            while "the folder says version" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.05)
         assert client.predict_response(*random_batch(2)).model_version == "1"
         metrics = scrape(server)
