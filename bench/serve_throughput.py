@@ -82,7 +82,7 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
         "--max-batch-size",
         str(args.max_batch_size),
     ]
-    cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms)]
+    cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms), "--admin-port", "-1"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     client = PredictorClient(f"127.0.0.1:{port}")
     deadline = time.monotonic() + 180

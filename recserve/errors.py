@@ -31,3 +31,12 @@ class DeadlineExceededError(RecServeError):
 
 class UnavailableError(RecServeError):
     """The server is draining or has no model loaded (maps to UNAVAILABLE)."""
+
+
+class UnauthenticatedError(RecServeError):
+    """An admin call without the admin token (maps to UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(RecServeError):
+    """An admin call asks for something outside what the server allows, e.g. a path outside its package root
+    (maps to PERMISSION_DENIED)."""

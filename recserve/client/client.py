@@ -78,18 +78,11 @@ class PredictorClient:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        if root_certificates is None:
-            self._channel = grpc.insecure_channel(target, options=options)
-        else:
-            creds = grpc.ssl_channel_credentials(
-                _read(root_certificates), _read(client_key), _read(client_cert)
-            )
-            self._channel = grpc.secure_channel(target, creds, options=options)
+        self._channel = open_channel(target, root_certificates, client_key, client_cert, options)
         self.target = target
         self.timeout = timeout
         self.raw = raw
         self._predictor = pb2_grpc.PredictorStub(self._channel)
-        self._admin = pb2_grpc.AdminStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def predict(
@@ -125,13 +118,6 @@ class PredictorClient:
         ]
         return ServedModel(r.model_name, r.model_version, r.dense_in_features, features, r.max_batch_size)
 
-    def reload(self, package_dir: str | Path = "", *, timeout: float | None = None) -> tuple[str, str, bool]:
-        """Asks the server to load ``package_dir`` (default: newest under its --watch dir) and swap it in."""
-        r = self._admin.ReloadModel(
-            pb2.ReloadModelRequest(package_dir=str(package_dir)), timeout=self._timeout(timeout, 300.0)
-        )
-        return r.model_name, r.model_version, r.swapped
-
     def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """The health status name of ``service`` ("" = the whole server): "SERVING", "NOT_SERVING", ..."""
         r = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self._timeout(timeout))
@@ -154,6 +140,20 @@ class PredictorClient:
         if timeout is not None:
             return timeout
         return default if default is not None else self.timeout
+
+
+def open_channel(
+    target: str,
+    root_certificates: Path | bytes | None = None,
+    client_key: Path | bytes | None = None,
+    client_cert: Path | bytes | None = None,
+    options: list[tuple[str, int]] | None = None,
+) -> grpc.Channel:
+    """A plaintext channel, or TLS when ``root_certificates`` is given (mutual with a client key and cert)."""
+    if root_certificates is None:
+        return grpc.insecure_channel(target, options=options)
+    creds = grpc.ssl_channel_credentials(_read(root_certificates), _read(client_key), _read(client_cert))
+    return grpc.secure_channel(target, creds, options=options)
 
 
 def _read(x: Path | bytes | None) -> bytes | None:

@@ -52,7 +52,11 @@ def add_export_command(subparsers: Any) -> None:
     parser.add_argument(
         "--devices", default="cpu", help="serving devices, comma-separated: cpu | cuda:0,cuda:1 | cpu:0,cpu:1"
     )
-    parser.add_argument("--model-name", default="model")
+    parser.add_argument(
+        "--model-name",
+        help="served model name (default: the checkpoint's run name, i.e. its extra['run_name'] or the name "
+        "of the checkpoint directory that holds the step_<N> directories)",
+    )
     parser.add_argument("--version", default="1")
     parser.add_argument(
         "--max-auc-drop",
@@ -74,6 +78,21 @@ def parse_table_dtypes(items: list[str]) -> dict[str, str]:
             raise ExportError(f"--table-dtype {item!r}: expected TABLE=DTYPE, e.g. t3=int4")
         result[name.strip()] = dtype.strip()
     return result
+
+
+def default_model_name(checkpoint: str | Path, extra: dict[str, Any]) -> str:
+    """The run a checkpoint belongs to: ``extra["run_name"]`` when training recorded one, else the name of the
+    checkpoint root (``ckpt/dlrm`` or ``ckpt/dlrm/step_100`` -> ``dlrm``), so that a re-export of the same
+    run keeps the name clients address."""
+    from rectrain.checkpoint.manifest import STEP_PREFIX
+
+    recorded = extra.get("run_name")
+    if isinstance(recorded, str) and recorded.strip():
+        return recorded.strip()
+    root = Path(checkpoint).resolve()
+    if root.name.startswith(STEP_PREFIX):
+        root = root.parent
+    return root.name or "model"
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -105,7 +124,7 @@ def run_export(args: argparse.Namespace) -> int:
         table_dtypes=parse_table_dtypes(args.table_dtype),
         dense_dtype=args.dense_dtype,
         devices=[d for d in args.devices.split(",") if d.strip()],
-        model_name=args.model_name,
+        model_name=args.model_name or default_model_name(args.checkpoint, manifest.extra),
         version=args.version,
         source=source,
         max_auc_drop=args.max_auc_drop,

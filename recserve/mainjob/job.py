@@ -188,7 +188,7 @@ def _serve_and_measure(
     target = f"127.0.0.1:{port}"
     summary.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     serve = [*cli("recserve"), "serve", "--package", str(paths.package), "--port", str(port)]
-    serve += ["--metrics-port", str(metrics_port)]
+    serve += ["--metrics-port", str(metrics_port), "--admin-port", "-1"]  # no reloads in this job
     server = ServerProcess(serve, target, paths.logs / "serve.log", cfg.server_start_timeout_s)
     with ExitStack() as running:
         with timer.stage("serve", f"recserve serve on {target}, metrics on {summary.metrics_url}"):

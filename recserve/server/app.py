@@ -3,12 +3,14 @@
 Start-up order: load and warm up the package, build the core, bind the port, start serving, then report
 SERVING on the health service (so readiness means "answers at full speed"). Shutdown (SIGTERM/SIGINT): health
 goes NOT_SERVING, the port stops accepting RPCs, RPCs in flight and queued requests finish, then exit 0.
+The admin service (reload) is a second gRPC server on its own port (:mod:`recserve.server.admin`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 from concurrent import futures
@@ -20,21 +22,24 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from recserve.server.admin import build_admin_server
+from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
 from recserve.server.batcher import BatcherConfig
 from recserve.server.config import ServeConfig
 from recserve.server.core import InferenceCore
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
-from recserve.server.protos import ADMIN_SERVICE, OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, pb2_grpc
-from recserve.server.reload import Reloader, newest_version_dir
+from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2
+from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
 from recserve.server.runner import ModelRunner
-from recserve.server.servicer import AdminServicer, PredictorServicer
+from recserve.server.servicer import PredictorServicer
 from recserve.server.status import StatusInterceptor
 
 logger = logging.getLogger(__name__)
 
 HEALTH_SERVICES = ("", PREDICTOR_SERVICE, OIP_SERVICE)
+_MAX_PENDING_CALLS = 1 << 20
 
 
 def load_runner(
@@ -74,6 +79,7 @@ class RecServer:
             raise FileNotFoundError(
                 f"--watch {cfg.watch}: no numbered version directory holds a manifest.json"
             )
+        check_version_dir(Path(package), cfg.watch)
         bc = cfg.batcher_config()
         runner = load_runner(Path(package), bc, self.metrics, cfg.device)
         self.core = InferenceCore(runner)
@@ -86,9 +92,18 @@ class RecServer:
             interval_s=cfg.watch_interval_s,
         )
         self.health = health.HealthServicer()
+        self.admission = AdmissionLimit(cfg.effective_max_inflight)
+        self.lag = None
+        if cfg.max_queue_lag_ms > 0:
+            watched = (f"/{PREDICTOR_SERVICE}/Predict", f"/{OIP_SERVICE}/ModelInfer")
+            self.lag = QueueLag(watched, target_s=cfg.max_queue_lag_ms / 1000.0)
+        self._shed_pool = shed_pool()
         self._server = self._build_grpc_server()
+        self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.reloader, self.metrics)
         self._metrics_http = None
+        self._probe_dir: str | None = None
         self.port = 0
+        self.admin_port = 0
 
     def _build_grpc_server(self) -> grpc.Server:
         cfg = self.cfg
@@ -96,19 +111,28 @@ class RecServer:
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.so_reuseport", 1 if cfg.workers > 1 else 0),
+            # gRPC core drops calls that wait too long for Python to pick them up (early drop between 1,000
+            # and 3,000 pending, as CANCELLED, seen by no interceptor): let admission control decide instead.
+            ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
-            interceptors=[StatusInterceptor(self.metrics)],
+            interceptors=[
+                StatusInterceptor(
+                    self.metrics, admission=self.admission, lag=self.lag, shed_pool=self._shed_pool
+                )
+            ],
             options=options,
-            maximum_concurrent_rpcs=cfg.grpc_threads + cfg.max_queue_size,
+            # Past one RPC per handler thread gRPC itself refuses, on its polling thread (the cheapest refusal
+            # there is, so a burst is shed at the rate it arrives); the interceptor counts those too.
+            maximum_concurrent_rpcs=cfg.grpc_threads,
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
-        pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.reloader), server)
         add_service(server, oip_pb2, "GRPCInferenceService", InferenceServicer(self.core), decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (PREDICTOR_SERVICE, ADMIN_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = (PREDICTOR_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         return server
 
@@ -121,7 +145,15 @@ class RecServer:
             self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"--host/--port: could not bind {address}")
+        probe_address = None
+        if self.lag is not None:
+            probe_address, self._probe_dir = private_socket()
+            if self._server.add_insecure_port(probe_address) == 0:
+                raise OSError(f"could not bind the queue-lag probe socket {probe_address}")
+        self._start_admin()
         self._server.start()
+        if probe_address is not None:
+            self.lag.start(probe_address)
         if cfg.metrics_port is not None:
             self._metrics_http = start_metrics_http_server(
                 cfg.metrics_port, cfg.metrics_host, self.metrics.registry
@@ -139,11 +171,33 @@ class RecServer:
         )
         return self.port
 
+    def _start_admin(self) -> None:
+        cfg = self.cfg
+        if self._admin is None:
+            return
+        address = f"{cfg.admin_host}:{cfg.admin_port}"
+        if cfg.tls_cert is not None:
+            self.admin_port = self._admin.add_secure_port(address, _server_credentials(cfg))
+        else:
+            self.admin_port = self._admin.add_insecure_port(address)
+        if self.admin_port == 0:
+            raise OSError(f"--admin-host/--admin-port: could not bind {address}")
+        self._admin.start()
+        auth = "token" if cfg.admin_token else "client certificates" if cfg.tls_client_ca else "loopback only"
+        logger.info("admin service on %s:%d (%s)", cfg.admin_host, self.admin_port, auth)
+
     def stop(self) -> None:
         """Drains: NOT_SERVING, refuse new RPCs, let those in flight finish, then stop batching."""
         self.health.enter_graceful_shutdown()
+        if self._admin is not None:
+            self._admin.stop(grace=None)
         self.reloader.stop()
+        if self.lag is not None:
+            self.lag.stop()
         self._server.stop(grace=self.cfg.drain_timeout_s).wait()
+        if self._probe_dir is not None:
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
+        self._shed_pool.shutdown(wait=False)
         self.core.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()

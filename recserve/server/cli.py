@@ -6,11 +6,13 @@ import argparse
 import csv
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
 
 from recserve.errors import InvalidRequestError
+from recserve.server.config import ADMIN_TOKEN_ENV
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +40,18 @@ def _add_serve(subparsers) -> None:
         "--max-queue-size", type=int, default=4096, help="queued requests before RESOURCE_EXHAUSTED"
     )
     p.add_argument("--grpc-threads", type=int, default=64, help="RPC handler threads per worker")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        help="RPCs admitted at once per worker; more get RESOURCE_EXHAUSTED at once "
+        "(default: --grpc-threads less 1/8, at most --max-queue-size)",
+    )
+    p.add_argument(
+        "--max-queue-lag-ms",
+        type=float,
+        default=100.0,
+        help="refuse new RPCs at once while RPCs wait longer than this before a handler sees them (0: off)",
+    )
     p.add_argument("--max-message-mb", type=int, default=64, help="largest request/reply message")
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -47,6 +61,21 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight RPCs get on SIGTERM")
     p.add_argument("--device", default="cpu")
     p.add_argument("--torch-threads", type=int, help="intra-op threads per worker (default cores / workers)")
+    p.add_argument("--admin-host", default="127.0.0.1", help="admin service bind address (default loopback)")
+    p.add_argument(
+        "--admin-port", type=int, default=50052, help="admin service (reload) port; -1 turns it off"
+    )
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get(ADMIN_TOKEN_ENV),
+        help=f"bearer token admin calls must send (default ${ADMIN_TOKEN_ENV}); required off loopback "
+        "unless --tls-client-ca",
+    )
+    p.add_argument(
+        "--reload-root",
+        type=Path,
+        help="admin reloads load only packages under this dir (default --watch, else --package's parent)",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -66,6 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue_delay_ms=args.max_queue_delay_ms,
         max_queue_size=args.max_queue_size,
         grpc_threads=args.grpc_threads,
+        max_inflight=args.max_inflight,
+        max_queue_lag_ms=args.max_queue_lag_ms,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -75,6 +106,10 @@ def _serve(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         device=args.device,
         torch_threads=args.torch_threads,
+        admin_host=args.admin_host,
+        admin_port=None if args.admin_port < 0 else args.admin_port,
+        admin_token=args.admin_token,
+        reload_root=args.reload_root,
     )
     return serve(cfg)
 
@@ -90,7 +125,17 @@ def _add_query(subparsers) -> None:
     p.add_argument("--random", type=int, default=1, help="without --input: this many random valid examples")
     p.add_argument("--metadata", action="store_true", help="print the served model's schema and exit")
     p.add_argument(
-        "--reload", metavar="DIR", nargs="?", const="", help="admin: load DIR (or the newest version)"
+        "--reload",
+        metavar="DIR",
+        nargs="?",
+        const="",
+        help="admin: load DIR, under the server's reload root (or the newest version); uses --admin-target",
+    )
+    p.add_argument("--admin-target", default="127.0.0.1:50052", help="the server's admin host:port")
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get(ADMIN_TOKEN_ENV),
+        help=f"admin token (default ${ADMIN_TOKEN_ENV})",
     )
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--tls-ca", type=Path, help="CA that signed the server's certificate (enables TLS)")
@@ -100,8 +145,21 @@ def _add_query(subparsers) -> None:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from recserve.client import PredictorClient
+    from recserve.client import AdminClient, PredictorClient
 
+    if args.reload is not None:
+        admin = AdminClient(
+            args.admin_target,
+            token=args.admin_token,
+            timeout=max(args.timeout, 300.0),
+            root_certificates=args.tls_ca,
+            client_key=args.tls_key,
+            client_cert=args.tls_cert,
+        )
+        with admin:
+            name, version, swapped = admin.reload(args.reload)
+        print(json.dumps({"model_name": name, "model_version": version, "swapped": swapped}))
+        return 0
     client = PredictorClient(
         args.target,
         timeout=args.timeout,
@@ -110,10 +168,6 @@ def _query(args: argparse.Namespace) -> int:
         client_cert=args.tls_cert,
     )
     with client:
-        if args.reload is not None:
-            name, version, swapped = client.reload(args.reload)
-            print(json.dumps({"model_name": name, "model_version": version, "swapped": swapped}))
-            return 0
         model = client.metadata()
         if args.metadata:
             print(json.dumps(_model_dict(model), indent=2))

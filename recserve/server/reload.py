@@ -3,6 +3,8 @@
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
 versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
 numeric names (``DIR/1``, ``DIR/2``, ...); the highest one whose ``manifest.json`` exists is the one to serve.
+The folder's number is the version: a version folder whose manifest records another version is refused before
+it is loaded (an error naming both, counted as a failed reload), never loaded and silently discarded.
 A package that fails to load is logged, counted in ``recserve_model_reloads_total{result="failure"}``, and not
 retried until one of its files changes. Place a version atomically (write it elsewhere, then rename it into
 the watch dir), so that the watch never sees half of it.
@@ -36,6 +38,23 @@ def newest_version_dir(watch_dir: Path) -> Path | None:
         if p.is_dir() and p.name.isdigit() and (p / MANIFEST).exists()
     ]
     return max(versions)[1] if versions else None
+
+
+def check_version_dir(package_dir: Path, watch_dir: Path | None) -> None:
+    """PackageError when ``package_dir`` is a version folder of ``watch_dir`` whose manifest disagrees."""
+    if watch_dir is None or not package_dir.name.isdigit():
+        return
+    if Path(package_dir).resolve().parent != Path(watch_dir).resolve():
+        return
+    from recserve.runtime import read_manifest
+
+    version = read_manifest(package_dir).version
+    if not (version.isdigit() and int(version) == int(package_dir.name)):
+        raise PackageError(
+            f"{package_dir}: the folder says version {package_dir.name} but its {MANIFEST} says version "
+            f"{version!r}; re-export it with --version {package_dir.name} (or move it to "
+            f"{watch_dir}/{version})"
+        )
 
 
 class Reloader:
@@ -75,6 +94,7 @@ class Reloader:
                     raise PackageError(f"{self._watch_dir}: no version directory with a {MANIFEST}")
             old = self._core.runner
             try:
+                check_version_dir(package_dir, self._watch_dir)
                 runner = self._load(package_dir)
             except Exception as exc:
                 self._metrics.model_reloads.labels("failure").inc()

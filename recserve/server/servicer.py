@@ -1,16 +1,14 @@
-"""``recserve.v1`` Predictor and Admin services: thin adapters from protobuf to :class:`InferenceCore`."""
+"""``recserve.v1`` Predictor service: a thin adapter from protobuf to :class:`InferenceCore`."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import grpc
 
 from recserve.server.codec import decode_predict_request, set_scores
 from recserve.server.core import InferenceCore
 from recserve.server.protos import pb2, pb2_grpc
-from recserve.server.reload import Reloader
 
 # grpc reports "no deadline" as a huge remaining time rather than None on some versions.
 _NO_DEADLINE_SECONDS = 1e8
@@ -60,15 +58,3 @@ class PredictorServicer(pb2_grpc.PredictorServicer):
                 name=name, num_embeddings=n, weighted=name in s.weighted_features, dtype=dtypes.get(name, "")
             )
         return resp
-
-
-class AdminServicer(pb2_grpc.AdminServicer):
-    def __init__(self, reloader: Reloader) -> None:
-        self._reloader = reloader
-
-    def ReloadModel(
-        self, request: pb2.ReloadModelRequest, context: grpc.ServicerContext
-    ) -> pb2.ReloadModelResponse:
-        package_dir = Path(request.package_dir) if request.package_dir else None
-        name, version, swapped = self._reloader.reload(package_dir)
-        return pb2.ReloadModelResponse(model_name=name, model_version=version, swapped=swapped)

@@ -208,3 +208,14 @@ def test_termination_grace_outlasts_the_pre_stop_pause_and_the_drain():
     grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
     assert grace > pause + command.args.drain_timeout, (grace, pause, command.args.drain_timeout)
     assert command.args.workers * command.args.torch_threads <= int(container["resources"]["limits"]["cpu"])
+
+
+def test_admin_service_stays_inside_the_pod():
+    deployment, container, command = _server()
+    args = command.args
+    assert args.admin_host == "127.0.0.1", "beyond loopback the admin port needs --admin-token or mTLS"
+    assert args.admin_port not in (args.port, args.metrics_port)
+    assert args.admin_port not in {p["containerPort"] for p in container["ports"]}, "admin is not exposed"
+    for name in ("recserve", "recserve-headless"):
+        ports = {p["port"] for p in k8s_object("Service", name)["spec"]["ports"]}
+        assert args.admin_port not in ports, name

@@ -85,8 +85,14 @@ def _export(root: Path, version: str) -> Path:
 @contextlib.contextmanager
 def _server(root: Path) -> Iterator[tuple[subprocess.Popen, str, int]]:
     argv = _workload("Deployment", "recserve", root)[1:]
-    port, metrics_port = _free_port(), _free_port()
-    for flag, value in (("--port", port), ("--metrics-port", metrics_port), ("--host", "127.0.0.1")):
+    port, metrics_port, admin_port = _free_port(), _free_port(), _free_port()
+    flags = (
+        ("--port", port),
+        ("--metrics-port", metrics_port),
+        ("--host", "127.0.0.1"),
+        ("--admin-port", admin_port),
+    )
+    for flag, value in flags:
         argv[argv.index(flag) + 1] = str(value)
     argv[argv.index("--metrics-host") + 1] = "127.0.0.1"
     process = subprocess.Popen(

@@ -94,6 +94,7 @@ def test_export_command_line(checkpoints, tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["step"] == 3 and manifest["source"]["world_size"] == 2
     assert manifest["placement"]["devices"] == ["cpu:0", "cpu:1"]
+    assert manifest["model_name"] == checkpoints[0].name  # the run, not "model"
     assert Predictor.load(out).metadata.table_dtypes["t3"] == "int4"
 
 

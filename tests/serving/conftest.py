@@ -70,8 +70,8 @@ def random_batch(batch: int, seed: int = 0, max_ids: int = 5) -> tuple[torch.Ten
 
 @contextlib.contextmanager
 def running_server(package: Path | None, **overrides):
-    """A real server in this process on a free loopback port (metrics on another free port)."""
-    cfg = ServeConfig(package=package, port=0, metrics_port=0, **overrides)
+    """A real server in this process on a free loopback port (metrics and admin on other free ports)."""
+    cfg = ServeConfig(package=package, **{"port": 0, "metrics_port": 0, "admin_port": 0, **overrides})
     server = RecServer(cfg)
     server.start()
     try:
@@ -82,6 +82,10 @@ def running_server(package: Path | None, **overrides):
 
 def target(server: RecServer) -> str:
     return f"127.0.0.1:{server.port}"
+
+
+def admin_target(server: RecServer) -> str:
+    return f"127.0.0.1:{server.admin_port}"
 
 
 def scrape(server: RecServer) -> dict[str, dict]:

@@ -23,6 +23,8 @@ CLI = [sys.executable, "-m", "recserve.cli"]
 
 def start_serve(*args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    if "--admin-port" not in args:
+        args = (*args, "--admin-port", "-1")  # the default 50052 may be taken on a shared machine
     return subprocess.Popen(
         [*CLI, "serve", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -1,6 +1,7 @@
 """Hot reload under load: a new version swapped in with zero failed requests; a broken one leaves the old."""
 
 import json
+import logging
 import shutil
 import threading
 import time
@@ -9,9 +10,10 @@ from collections import Counter
 import grpc
 import pytest
 
-from recserve.client import PredictorClient
+from recserve.client import AdminClient, PredictorClient
+from recserve.errors import PackageError
 
-from .conftest import random_batch, running_server, scrape, target
+from .conftest import admin_target, random_batch, running_server, scrape, target
 
 
 def _hammer(client, stop: threading.Event, versions: Counter, errors: list) -> None:
@@ -50,20 +52,57 @@ def test_watch_dir_swaps_versions_under_load_without_a_failed_request(packages, 
 
 
 def test_admin_reload_of_a_broken_package_keeps_the_old_model(packages, tmp_path):
-    broken = shutil.copytree(packages["2"], tmp_path / "broken")
+    models = tmp_path / "models"
+    shutil.copytree(packages["1"], models / "1")
+    shutil.copytree(packages["2"], models / "2")
+    broken = shutil.copytree(packages["2"], models / "broken")
     manifest = json.loads((broken / "manifest.json").read_text())
     manifest["model_config"]["tables"][0]["embedding_dim"] = "x"
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    with running_server(packages["1"]) as server:
-        client = PredictorClient(target(server))
+    with running_server(models / "1") as server:  # reload root: the package's parent, models/
+        client, admin = PredictorClient(target(server)), AdminClient(admin_target(server))
         with pytest.raises(grpc.RpcError) as info:
-            client.reload(broken)
+            admin.reload("broken")
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "still serving tiny 1" in info.value.details()
         assert client.predict_response(*random_batch(2)).model_version == "1"
-        assert client.reload(packages["2"]) == ("tiny", "2", True)
+        assert admin.reload(models / "2") == ("tiny", "2", True)
         assert client.predict_response(*random_batch(2)).model_version == "2"
-        assert client.reload(packages["2"]) == ("tiny", "2", False)
+        assert admin.reload("2") == ("tiny", "2", False)
         metrics = scrape(server)
     assert metrics["recserve_model_reloads_total"][(("result", "failure"),)] == 1
     assert metrics["recserve_model_reloads_total"][(("result", "success"),)] == 1
+    admin_calls = {
+        k: v for k, v in metrics["recserve_requests_total"].items() if "Admin" in dict(k)["method"]
+    }
+    assert admin_calls == {
+        (("code", "FAILED_PRECONDITION"), ("method", "recserve.v1.Admin/ReloadModel")): 1,
+        (("code", "OK"), ("method", "recserve.v1.Admin/ReloadModel")): 2,
+    }
+
+
+def test_watch_refuses_a_version_folder_whose_manifest_says_another_version(packages, tmp_path, caplog):
+    watch = tmp_path / "models"
+    shutil.copytree(packages["1"], watch / "1")
+    with running_server(None, watch=watch, watch_interval_s=0.05) as server:
+        client = PredictorClient(target(server))
+        with caplog.at_level(logging.ERROR, logger="recserve"):
+            staged = shutil.copytree(packages["1"], tmp_path / "staged")  # a re-export that kept --version 1
+            staged.rename(watch / "3")  # placed atomically, as the docs say
+            deadline = time.monotonic() + 20
+            while "the folder says version" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert client.predict_response(*random_batch(2)).model_version == "1"
+        metrics = scrape(server)
+    assert "the folder says version 3 but its manifest.json says version '1'" in caplog.text
+    assert metrics["recserve_model_reloads_total"][(("result", "failure"),)] == 1
+
+
+def test_watch_refuses_to_start_on_a_mismatched_newest_version(packages, tmp_path):
+    watch = tmp_path / "models"
+    shutil.copytree(packages["2"], watch / "5")
+    with (
+        pytest.raises(PackageError, match=r"folder says version 5 but .* says version '2'"),
+        running_server(None, watch=watch),
+    ):
+        pass

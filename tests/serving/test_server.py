@@ -74,7 +74,8 @@ def test_deadline_exceeded_in_the_queue_is_dropped_before_compute(package):
 
 
 def test_full_queue_answers_resource_exhausted_at_once(package):
-    with running_server(package, max_queue_delay_ms=1000, max_queue_size=1) as server:
+    # Two admitted at once, so that the second finds the batcher's queue (of one) full.
+    with running_server(package, max_queue_delay_ms=1000, max_queue_size=1, max_inflight=2) as server:
         stub = pb2_grpc.PredictorStub(grpc.insecure_channel(target(server)))
         req = encode_predict_request(*random_batch(1))
         first = stub.Predict.future(req, timeout=10)

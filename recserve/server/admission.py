@@ -1,0 +1,151 @@
+"""Admission control: a bounded count of RPCs in flight per worker process, decided when an RPC arrives.
+
+gRPC Python hands every RPC to its handler thread pool, whose queue is unbounded: without a limit in front of
+it, a burst waits there (invisible to the batcher, whose queue never fills) until clients give up. The
+interceptor (:mod:`recserve.server.status`) asks :class:`AdmissionLimit` on gRPC's polling thread, at arrival;
+an RPC over the limit is answered RESOURCE_EXHAUSTED by a small pool of its own (``shed_pool``), so refusals
+never wait behind admitted work. The limit is at most the handler threads, so that every admitted RPC has a
+thread at once and the queue that builds up under load is the batcher's, where deadlines are enforced.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+# Handler threads kept free of admitted work, for health probes (exempt from the limit) and metadata calls.
+_MIN_SPARE_THREADS = 1
+
+
+def default_max_inflight(grpc_threads: int, max_queue_size: int) -> int:
+    """``--max-inflight`` when not given: the handler threads less one in eight, at most the batcher's queue.
+
+    Every admitted RPC then gets a handler thread at once (the spare threads answer health probes under load),
+    and the batcher can queue all of them, so its queue bound is never the one that trips first.
+    """
+    spare = max(_MIN_SPARE_THREADS, grpc_threads // 8)
+    return max(1, min(grpc_threads - spare, max_queue_size))
+
+
+class AdmissionLimit:
+    """At most ``limit`` RPCs admitted at once; :meth:`try_acquire` never blocks."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {limit}")
+        self.limit = limit
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        """Takes a slot and returns True, or returns False at once when ``limit`` are taken."""
+        with self._lock:
+            if self._count >= self.limit:
+                return False
+            self._count += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._count -= 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._count
+
+
+def shed_pool() -> futures.ThreadPoolExecutor:
+    """The threads that answer refused RPCs: two are plenty, a refusal takes microseconds."""
+    return futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grpc-shed")
+
+
+class QueueLag:
+    """How long a new RPC waits before gRPC Python sees it; above ``target_s``, new RPCs are refused.
+
+    gRPC core queues calls that Python has not picked up yet, one queue per method, and sheds them only at
+    thousands (as CANCELLED, unseen). When handlers hold the GIL, that queue grows faster than Python takes
+    calls, and no in-flight limit sees it: a freed slot admits a call that already waited seconds. So a
+    daemon thread sends a probe call of each watched method to the server's own private socket every
+    ``interval_s``, stamped with a per-process secret and its send time; the interceptor reads the stamp when
+    the probe comes out of the queue (:meth:`is_probe`). The lag is the last probe's wait, or the wait of the
+    probe still queued if longer. While it is above target, refusing every new call (microseconds each) lets
+    the queue drain; the next probe through ends that.
+    """
+
+    HEADER = "x-recserve-lag-probe"
+
+    def __init__(self, methods: tuple[str, ...], *, target_s: float = 0.1, interval_s: float = 0.05) -> None:
+        self.methods = methods
+        self.target_s = target_s
+        self._interval_s = interval_s
+        self._secret = secrets.token_hex(16)
+        self._sent: dict[str, float | None] = dict.fromkeys(methods)  # send time of the probe in flight
+        self._lag: dict[str, float] = dict.fromkeys(methods, 0.0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+
+    def start(self, address: str) -> None:
+        """Probes the server listening on ``address`` (its private socket) until :meth:`stop`."""
+        self._channel = grpc.insecure_channel(address)
+        calls = {m: self._channel.unary_unary(m) for m in self.methods}  # bytes in, bytes out
+        self._thread = threading.Thread(target=self._run, args=(calls,), name="queue-lag-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._channel is not None:
+            self._channel.close()
+
+    def is_probe(self, method: str, metadata) -> bool:
+        """At interception: True for our own probe, whose queue wait is then recorded."""
+        for key, value in metadata or ():
+            if key == self.HEADER:
+                secret, _, sent = value.partition(" ")
+                if secret != self._secret or method not in self._lag:
+                    return False
+                self._lag[method] = time.monotonic() - float(sent)
+                return True
+        return False
+
+    def lag_s(self) -> float:
+        """The longest current wait over the watched methods (seconds)."""
+        now = time.monotonic()
+        worst = 0.0
+        for method in self.methods:
+            sent = self._sent[method]
+            worst = max(worst, self._lag[method], 0.0 if sent is None else now - sent)
+        return worst
+
+    def overloaded(self) -> bool:
+        return self.lag_s() > self.target_s
+
+    def _run(self, calls) -> None:
+        while not self._stop.wait(self._interval_s):
+            for method, call in calls.items():
+                if self._sent[method] is not None:
+                    continue  # one probe per method at a time: the one in the queue measures it
+                sent = time.monotonic()
+                self._sent[method] = sent
+                metadata = ((self.HEADER, f"{self._secret} {sent!r}"),)
+                future = call.future(b"", metadata=metadata, timeout=60)
+                future.add_done_callback(lambda _f, m=method: self._sent.__setitem__(m, None))
+
+
+def answer_probe(request: bytes, context) -> bytes:
+    """The reply to a queue-lag probe: nothing (it measured what it came for at interception)."""
+    return b""
+
+
+def private_socket() -> tuple[str, str]:
+    """``(grpc address, directory)`` of a Unix socket only this user can reach, for the probes."""
+    directory = tempfile.mkdtemp(prefix="recserve-probe-")  # mode 0700
+    return f"unix:{os.path.join(directory, 'lag.sock')}", directory
