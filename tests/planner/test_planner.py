@@ -104,7 +104,7 @@ def test_constraints_are_honoured():
     assert plan.plan["ebc"]["t1"].ranks == [0, 1]
 
 
-def test_twrw_is_chosen_only_across_hosts():
+def test_twrw_across_hosts_and_on_one_host():
     constraints = {"t0": ParameterConstraints(sharding_types=["table_row_wise"])}
     plan = EmbeddingShardingPlanner(
         Topology(world_size=4, local_world_size=2, ddr_cap=4000 * MB), constraints=constraints
@@ -112,10 +112,12 @@ def test_twrw_is_chosen_only_across_hosts():
     sharding = plan.plan["ebc"]["t0"]
     assert sharding.sharding_type == ShardingType.TABLE_ROW_WISE
     assert sharding.ranks in ([0, 1], [2, 3])
-    with pytest.raises(ConfigError, match="table_row_wise needs more than one host"):
-        EmbeddingShardingPlanner(Topology(world_size=2, ddr_cap=4000 * MB), constraints=constraints).plan(
-            standard_tables(1)
-        )
+    # One host: row-wise within it (TorchRec plans it the same way).
+    plan = EmbeddingShardingPlanner(Topology(world_size=2, ddr_cap=4000 * MB), constraints=constraints).plan(
+        standard_tables(1)
+    )
+    assert plan.plan["ebc"]["t0"].sharding_type == ShardingType.TABLE_ROW_WISE
+    assert plan.plan["ebc"]["t0"].ranks == [0, 1]
 
 
 def test_bad_inputs_are_named():
