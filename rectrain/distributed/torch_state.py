@@ -48,7 +48,7 @@ def to_torch(table: ShardedTable, env: ShardingEnv, device: torch.device) -> Ten
     if table.sharding.sharding_type is ShardingType.DATA_PARALLEL:
         (_, tensor), *_ = table.local_shards
         return tensor.detach()
-    spec = table.sharding.sharding_spec or []
+    spec = [s for s in table.sharding.sharding_spec or [] if s.num_rows]  # as shard_tables_of: no empty ones
     local = [
         TorchShard(tensor.detach(), _metadata(shard, env.rank, env, device))
         for shard, tensor in table.local_shards
