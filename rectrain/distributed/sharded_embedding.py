@@ -115,6 +115,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self._embedding_names = [n for t in tables for n in names_by_table[t.name]]
         # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
         install_state_dict_hooks(self)
+        self._fused_optimizer = shard_weights.fused_optimizer(
+            self, self.embeddings, self.data_parallel, optimizer
+        )
 
     def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
         return shard_weights.local_weight(self.embeddings, self.data_parallel, table, shard_name)
@@ -126,7 +129,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        return shard_weights.fused_optimizer(self.embeddings, self.data_parallel)
+        return self._fused_optimizer
 
     def embedding_configs(self) -> list:
         return self._tables

@@ -112,6 +112,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._prefetched: tuple[KeyedJaggedTensor, LocalFeatures, Pending] | None = None
         # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
         install_state_dict_hooks(self)
+        self._fused_optimizer = shard_weights.fused_optimizer(
+            self, self.embedding_bags, self.data_parallel, optimizer
+        )
 
     def _output_columns(self, dp_tables: list) -> Tensor | None:
         """Column order taking [routed outputs | data-parallel outputs] to the collection's table order."""
@@ -134,7 +137,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        return shard_weights.fused_optimizer(self.embedding_bags, self.data_parallel)
+        return self._fused_optimizer
 
     def embedding_bag_configs(self) -> list:
         return self._tables

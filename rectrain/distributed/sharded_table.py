@@ -34,6 +34,7 @@ class ShardedTable:
     global_shape: tuple[int, int]
     sharding: ParameterSharding
     local_shards: list[tuple[Shard, Tensor]] = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
 
     def load_from_full(self, full: Tensor) -> None:
         """Copy this rank's rectangles out of the whole table (re-sharding from any saved layout)."""

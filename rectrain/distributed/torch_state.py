@@ -14,6 +14,7 @@ rank's shards), a ``DTensor`` (gathered) or a full tensor (re-sharded locally).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -28,10 +29,14 @@ from torch.distributed.tensor import DTensor
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.errors import ConfigError
-from rectrain.planner.types import Shard, ShardingType
+from rectrain.planner.types import ShardingType
+
+Piece = tuple[list[int], list[int], Tensor]  # (offsets, sizes, tensor): one rectangle of a global tensor
+_TRAINING_DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
 
 
-def _placement(rank: int, env: ShardingEnv, device: torch.device) -> str:
+def placement(rank: int, env: ShardingEnv, device: torch.device) -> str:
+    """``rank:R/<device>`` of rank ``rank``'s shards, as TorchRec writes a ``ShardMetadata`` placement."""
     if device.type == "cuda":
         # Other ranks' devices are not known here; torchrun gives rank r the device of its local rank.
         index = device.index if rank == env.rank else rank % env.local_world_size
@@ -39,8 +44,32 @@ def _placement(rank: int, env: ShardingEnv, device: torch.device) -> str:
     return f"rank:{rank}/{device.type}"
 
 
-def _metadata(shard: Shard, rank: int, env: ShardingEnv, device: torch.device) -> ShardMetadata:
-    return ShardMetadata(shard.shard_offsets, shard.shard_sizes, _placement(rank, env, device))
+def sharded_tensor(
+    local: list[Piece],
+    shards: list[tuple[list[int], list[int], int]],
+    size: list[int],
+    dtype: torch.dtype,
+    env: ShardingEnv,
+    device: torch.device,
+) -> ShardedTensor:
+    """A ``ShardedTensor`` of this rank's ``local`` views; ``shards``: every rank's (offsets, sizes, rank).
+
+    Built from the plan's global metadata, so no collective runs (TorchRec builds its state the same way).
+    """
+    metadata = ShardedTensorMetadata(
+        shards_metadata=[ShardMetadata(o, n, placement(r, env, device)) for o, n, r in shards],
+        size=torch.Size(size),
+        tensor_properties=TensorProperties(dtype=dtype),
+    )
+    pieces = [
+        TorchShard(t.detach(), ShardMetadata(o, n, placement(env.rank, env, device))) for o, n, t in local
+    ]
+    return ShardedTensor._init_from_local_shards_and_global_metadata(pieces, metadata, process_group=env.pg)
+
+
+def table_dtype(data_type: Any) -> torch.dtype:
+    """The torch dtype of a trainable table's ``DataType``."""
+    return _TRAINING_DTYPES[data_type.value]
 
 
 def to_torch(table: ShardedTable, env: ShardingEnv, device: torch.device) -> Tensor:
@@ -49,81 +78,77 @@ def to_torch(table: ShardedTable, env: ShardingEnv, device: torch.device) -> Ten
         (_, tensor), *_ = table.local_shards
         return tensor.detach()
     spec = [s for s in table.sharding.sharding_spec or [] if s.num_rows]  # as shard_tables_of: no empty ones
-    local = [
-        TorchShard(tensor.detach(), _metadata(shard, env.rank, env, device))
-        for shard, tensor in table.local_shards
-    ]
-    dtype = local[0].tensor.dtype if local else _dtype_of(table)
-    metadata = ShardedTensorMetadata(
-        shards_metadata=[_metadata(s, s.rank, env, device) for s in spec],
-        size=torch.Size(table.global_shape),
-        tensor_properties=TensorProperties(dtype=dtype),
+    return sharded_tensor(
+        [(s.shard_offsets, s.shard_sizes, t) for s, t in table.local_shards],
+        [(s.shard_offsets, s.shard_sizes, s.rank) for s in spec],
+        list(table.global_shape),
+        table.dtype,
+        env,
+        device,
     )
-    return ShardedTensor._init_from_local_shards_and_global_metadata(local, metadata, process_group=env.pg)
-
-
-def _dtype_of(table: ShardedTable) -> torch.dtype:
-    # A rank that holds no shard of the table still needs the table's dtype for the global metadata.
-    return torch.float32
 
 
 @torch.no_grad()
 def load_into(key: str, table: ShardedTable, source: Any) -> None:
     """Copy ``source`` (ShardedTensor, DTensor or full tensor) into this rank's shards of ``table``."""
+    targets = [(s.shard_offsets, s.shard_sizes, t) for s, t in table.local_shards]
+    fill(f"state_dict[{key!r}]", targets, list(table.global_shape), source)
+
+
+@torch.no_grad()
+def fill(where: str, targets: list[Piece], size: list[int], source: Any) -> None:
+    """Copy the rectangles ``targets`` of a global tensor of ``size`` out of ``source``.
+
+    ``source`` is a ``ShardedTensor`` (its local shards must cover the targets), a ``DTensor`` (gathered,
+    a collective) or a full tensor.
+    """
     if isinstance(source, DTensor):
         source = source.full_tensor()
     if isinstance(source, ShardedTensor):
-        _check_shape(key, table, tuple(source.size()))
+        given = list(source.metadata().size)
         pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in source.local_shards()]
-        for shard, tensor in table.local_shards:
-            _fill_from_pieces(key, shard, tensor, pieces)
-        return
-    if not isinstance(source, Tensor):
+    elif isinstance(source, Tensor):
+        given = list(source.shape)
+        pieces = [([0] * source.dim(), given, source)]
+    else:
         raise ConfigError(
-            f"state_dict[{key!r}]: expected a ShardedTensor, DTensor or tensor, got {type(source).__name__}"
+            f"{where}: expected a ShardedTensor, DTensor or tensor, got {type(source).__name__}"
         )
-    _check_shape(key, table, tuple(source.shape))
-    table.load_from_full(source)
+    if given != list(size):
+        raise ConfigError(f"{where}: expected shape {list(size)}, the given value has {given}")
+    for offsets, sizes, tensor in targets:
+        _fill_one(where, offsets, sizes, tensor, pieces)
 
 
-def _check_shape(key: str, table: ShardedTable, shape: tuple[int, ...]) -> None:
-    if shape != tuple(table.global_shape):
-        raise ConfigError(
-            f"state_dict[{key!r}]: the table has shape {list(table.global_shape)}, "
-            f"the given value {list(shape)}"
-        )
-
-
-def _fill_from_pieces(
-    key: str, shard: Shard, tensor: Tensor, pieces: list[tuple[list[int], list[int], Tensor]]
-) -> None:
-    """Copy every overlap of ``pieces`` with ``shard`` into ``tensor``; the overlaps must cover the shard."""
+def _fill_one(where: str, offsets: list[int], sizes: list[int], tensor: Tensor, pieces: list[Piece]) -> None:
+    """Copy every overlap of ``pieces`` with one target rectangle; the overlaps must cover it."""
     covered = 0
-    for (row, col), (rows, cols), piece in pieces:
-        r0, r1 = max(row, shard.row_offset), min(row + rows, shard.row_offset + shard.num_rows)
-        c0, c1 = max(col, shard.col_offset), min(col + cols, shard.col_offset + shard.num_cols)
-        if r0 >= r1 or c0 >= c1:
+    for piece_offsets, piece_sizes, piece in pieces:
+        lo = [max(a, b) for a, b in zip(offsets, piece_offsets)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(offsets, sizes, piece_offsets, piece_sizes)]
+        if any(a >= b for a, b in zip(lo, hi)):
             continue
-        tensor[
-            r0 - shard.row_offset : r1 - shard.row_offset, c0 - shard.col_offset : c1 - shard.col_offset
-        ] = piece[r0 - row : r1 - row, c0 - col : c1 - col]
-        covered += (r1 - r0) * (c1 - c0)
-    if covered < shard.num_rows * shard.num_cols:
+        into = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, offsets))
+        out_of = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, piece_offsets))
+        tensor[into] = piece[out_of]
+        covered += math.prod(b - a for a, b in zip(lo, hi))
+    if covered < math.prod(sizes):
+        span = ", ".join(f"{o}..{o + n}" for o, n in zip(offsets, sizes))
         raise ConfigError(
-            f"state_dict[{key!r}]: this rank's local shards of the given ShardedTensor do not contain rows "
-            f"{shard.row_offset}..{shard.row_offset + shard.num_rows}, cols {shard.col_offset}.."
-            f"{shard.col_offset + shard.num_cols}; to re-shard across ranks load with "
-            "torch.distributed.checkpoint, or pass the full tensor"
+            f"{where}: this rank's local shards of the given ShardedTensor do not contain [{span}]; to "
+            "re-shard across ranks load with torch.distributed.checkpoint, or pass the full tensor"
         )
 
 
 class ShardedModule(Protocol):
-    """A sharded collection: its tables as ``{key: ShardedTable}``, its env and device."""
+    """A sharded collection: its tables as ``{key: ShardedTable}``, their optimizer state, env and device."""
 
     env: ShardingEnv
     device: torch.device
 
     def sharded_state(self) -> Mapping[str, ShardedTable]: ...
+
+    def sharded_optimizer_state(self) -> Mapping[str, list[tuple[Any, dict[str, Tensor]]]]: ...
 
 
 def install_state_dict_hooks(module: nn.Module) -> None:
