@@ -12,7 +12,7 @@
 
 Data-parallel tables give plain tensors. ``load_state_dict`` copies ``ShardedTensor``s, ``DTensor``s or full
 tensors into the views, so ``torch.distributed.checkpoint`` loads it in place like the model's state dict.
-A rank that holds no shard of a table has no state entry for it.
+A rank that holds no shard of a table has an entry for it without local shards.
 """
 
 from __future__ import annotations
@@ -27,11 +27,18 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.torch_state import fill, sharded_tensor
-from rectrain.embedding.config import FusedOptimizerConfig
+from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig
 from rectrain.optim.fused import FusedEmbeddingOptimizer, FusedKernel
 from rectrain.planner.types import Shard, ShardingType
 
 ShardStates = Mapping[str, list[tuple[Shard, dict[str, Tensor]]]]
+# Each fused optimizer's state per table and how it relates to a shard (FBGEMM's buffers, Adam renamed).
+_STATE_KINDS = {
+    EmbOptimType.SGD: {},
+    EmbOptimType.ADAGRAD: {"momentum1": "per_element"},
+    EmbOptimType.ROWWISE_ADAGRAD: {"momentum1": "per_row"},
+    EmbOptimType.ADAM: {"exp_avg": "per_element", "exp_avg_sq": "per_element", "step": "scalar"},
+}
 
 
 class ShardedFusedOptimizer(FusedEmbeddingOptimizer):
@@ -57,6 +64,7 @@ class ShardedFusedOptimizer(FusedEmbeddingOptimizer):
     ) -> None:
         self._tables = dict(tables)
         self._shard_states = shard_states
+        self._kinds = _STATE_KINDS[config.optimizer]
         self._env, self._device = env, device
         # A parameter per table: this rank's first shard of it, or a placeholder where it holds none.
         params = {
@@ -66,27 +74,28 @@ class ShardedFusedOptimizer(FusedEmbeddingOptimizer):
         super().__init__(params, self._torch_state, kernels, config)
 
     def _torch_state(self) -> dict[str, dict[str, Tensor]]:
-        state = {}
-        for key, pieces in self._shard_states().items():
-            if pieces:
-                table_name = key.split(".")[-2]
-                names = pieces[0][1]
-                state[key] = {
-                    f"{table_name}.{name}": self._state_tensor(self._tables[key], name, pieces)
-                    for name in names
-                }
-        return state
+        # Every rank lists every table, also one it holds no shard of (an empty ShardedTensor then): DCP
+        # takes a key missing on one rank for an old checkpoint format.
+        states = self._shard_states()
+        return {
+            key: {
+                f"{key.split('.')[-2]}.{name}": self._state_tensor(table, name, kind, states.get(key, []))
+                for name, kind in self._kinds.items()
+            }
+            for key, table in self._tables.items()
+        }
 
     def _state_tensor(
-        self, table: ShardedTable, name: str, pieces: list[tuple[Shard, dict[str, Tensor]]]
+        self, table: ShardedTable, name: str, kind: str, pieces: list[tuple[Shard, dict[str, Tensor]]]
     ) -> Tensor:
         if table.sharding.sharding_type is ShardingType.DATA_PARALLEL:
             return pieces[0][1][name]
         shards = [s for s in table.sharding.sharding_spec or [] if s.num_rows]
-        layout = _layout(name, pieces[0][0], pieces[0][1][name], table, shards)
+        layout = _layout(kind, table, shards)
         local = [(*layout[shards.index(shard)][:2], states[name]) for shard, states in pieces]
-        size = _global_size(layout, table, name)
-        return sharded_tensor(local, layout, size, pieces[0][1][name].dtype, self._env, self._device)
+        size = list(table.global_shape) if kind == "per_element" else [max(o[0] + n[0] for o, n, _ in layout)]
+        dtype = pieces[0][1][name].dtype if pieces else torch.float32
+        return sharded_tensor(local, layout, size, dtype, self._env, self._device)
 
     def _copy_state(self, where: str, tensor: Any, saved: Any) -> None:
         if not isinstance(tensor, ShardedTensor):
@@ -98,17 +107,8 @@ class ShardedFusedOptimizer(FusedEmbeddingOptimizer):
         fill(where, targets, list(tensor.metadata().size), saved)
 
 
-def _kind(name: str, shard: Shard, value: Tensor) -> str:
-    if name == "step" or name.endswith(".step"):
-        return "scalar"
-    return "per_row" if value.dim() == 1 else "per_element"
-
-
-def _layout(
-    name: str, shard: Shard, value: Tensor, table: ShardedTable, shards: list[Shard]
-) -> list[tuple[list[int], list[int], int]]:
-    """(offsets, sizes, rank) of every shard's state ``name``, in sharding-spec order (see module doc)."""
-    kind = _kind(name, shard, value)
+def _layout(kind: str, table: ShardedTable, shards: list[Shard]) -> list[tuple[list[int], list[int], int]]:
+    """(offsets, sizes, rank) of every shard's state of ``kind``, in sharding-spec order (see module doc)."""
     if kind == "per_element":
         return [(s.shard_offsets, s.shard_sizes, s.rank) for s in shards]
     if kind == "scalar":
@@ -119,9 +119,3 @@ def _layout(
         rows = table.global_shape[0]
         return [([position[i] * rows], [rows], s.rank) for i, s in enumerate(shards)]
     return [([s.row_offset], [s.num_rows], s.rank) for s in shards]
-
-
-def _global_size(layout: list[tuple[list[int], list[int], int]], table: ShardedTable, name: str) -> list[int]:
-    if len(layout[0][0]) == 2:
-        return list(table.global_shape)
-    return [max(o[0] + n[0] for o, n, _ in layout)]

@@ -56,6 +56,12 @@ def sharded_tensor(
 
     Built from the plan's global metadata, so no collective runs (TorchRec builds its state the same way).
     """
+    if not local:
+        # A rank without a shard holds an empty one: torch.distributed.checkpoint drops a ShardedTensor
+        # without local shards from its load plan and then misreads the whole checkpoint as an old format.
+        empty = [0] * len(size)
+        local = [(empty, empty, torch.empty(empty, dtype=dtype, device=device))]
+        shards = [*shards, (empty, empty, env.rank)]
     metadata = ShardedTensorMetadata(
         shards_metadata=[ShardMetadata(o, n, placement(r, env, device)) for o, n, r in shards],
         size=torch.Size(size),

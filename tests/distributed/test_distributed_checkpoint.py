@@ -1,5 +1,6 @@
-"""``torch.distributed.checkpoint`` on ``dmp.state_dict()``: save at 2 ranks, load at 1 and 3 ranks into other
-sharding types, same outputs.
+"""``torch.distributed.checkpoint`` on ``dmp.state_dict()`` and the fused optimizer's ``state_dict()``: save
+at 2 ranks (after a training step), load at 1 and 3 ranks into other sharding types: same outputs, same
+optimizer state.
 
 One collection holds a table of every sharding type; each load rotates the types, so every type is both saved
 and loaded, into a different type and world size. Row counts leave uneven (and at 3 ranks empty) row shards.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel
+from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from tests.distributed.multiprocess import run_multiprocess
 
@@ -46,7 +49,9 @@ def _batch(example: int) -> KeyedJaggedTensor:
 
 def _dmp(env, shift: int, seed: int) -> DistributedModelParallel:
     torch.manual_seed(seed)
-    ebc = EmbeddingBagCollection(_tables(), device=torch.device("cpu"))
+    ebc = EmbeddingBagCollection(
+        _tables(), device=torch.device("cpu"), fused_optimizer=FusedOptimizerConfig("adagrad", lr=0.1)
+    )
     constraints = {
         t.name: ParameterConstraints(sharding_types=[TYPES[(i + shift) % len(TYPES)]])
         for i, t in enumerate(_tables())
@@ -64,24 +69,57 @@ def _outputs(dmp: DistributedModelParallel, env) -> list[torch.Tensor]:
     return [dmp(_batch(example)).values() for example in range(0, 6 * BATCH, BATCH)]
 
 
+def _full(value: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor:
+    """The whole tensor behind a state-dict value: a plain tensor as is, a ShardedTensor's local shards joined
+    by an all-reduce (None: this rank holds no shard, as TorchRec leaves such a table out of its state)."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, ShardedTensor):
+        return value.detach().clone()
+    full = torch.zeros(shape)
+    for shard in value.local_shards() if value is not None else []:
+        (row, col), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+        full[row : row + rows, col : col + cols] = shard.tensor
+    dist.all_reduce(full)
+    return full
+
+
+def _states(dmp: DistributedModelParallel) -> dict:
+    """``{table: Adagrad sum}`` of the fused optimizer, read under TorchRec's keys."""
+    state = dmp.fused_optimizer.state_dict()["state"]
+    return {
+        f"t{i}": _full(state.get(f"embedding_bags.t{i}.weight", {}).get(f"t{i}.momentum1"), shape)
+        for i, shape in enumerate(SHAPES)
+    }
+
+
 def _save(env, path: str) -> dict:
     dmp = _dmp(env, shift=0, seed=0)
-    state = dmp.state_dict()
-    kinds = {k: type(v).__name__ for k, v in state.items()}
+    dmp(_batch(env.rank * BATCH)).values().sum().backward()  # moves the weights and the Adagrad state
+    state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+    kinds = {k: type(v).__name__ for k, v in state["model"].items()}
     dcp.save(state, checkpoint_id=path)
-    return {"outputs": _outputs(dmp, env), "kinds": kinds}
+    return {"outputs": _outputs(dmp, env), "kinds": kinds, "momentum": _states(dmp)}
 
 
 def _load(env, path: str, shift: int) -> dict:
     dmp = _dmp(env, shift=shift, seed=1)  # other weights than the saved ones
     before = _outputs(dmp, env)
-    state = dmp.state_dict()
+    state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
     dcp.load(state, checkpoint_id=path)
-    dmp.load_state_dict(state)
+    dmp.load_state_dict(state["model"])
+    dmp.fused_optimizer.load_state_dict(state["optim"])
     sharding = {n: p.sharding_type.value for n, p in dmp.plan.get_plan_for_module("").items()}
-    # A row block with no rows (4 rows over 3 ranks) is in no rank's local shards.
-    empty = any(isinstance(v, ShardedTensor) and not v.local_shards() for v in state.values())
-    return {"before": before, "outputs": _outputs(dmp, env), "sharding": sharding, "empty_shard": empty}
+    # A row block with no rows (4 rows over 3 ranks): that rank holds one empty local shard.
+    empty = any(
+        isinstance(v, ShardedTensor) and [s.tensor.numel() for s in v.local_shards()] == [0]
+        for v in state["model"].values()
+    )
+    return {
+        "before": before,
+        "outputs": _outputs(dmp, env),
+        "sharding": sharding,
+        "empty_shard": empty,
+        "momentum": _states(dmp),
+    }
 
 
 @pytest.mark.slow
@@ -97,5 +135,8 @@ def test_dcp_saves_at_two_ranks_and_loads_at_one_and_three_into_other_sharding_t
             assert not all(torch.equal(a, b) for a, b in zip(result["before"], expected))
             for got, want in zip(result["outputs"], expected):
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+            for table, momentum in saved[0]["momentum"].items():
+                assert momentum.abs().sum() > 0
+                torch.testing.assert_close(result["momentum"][table], momentum, atol=0, rtol=0)
         if world == 3:
             assert any(r["empty_shard"] for r in loaded)
