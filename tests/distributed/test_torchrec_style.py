@@ -87,7 +87,18 @@ def _run(env, sharding_type: str) -> dict:
         if isinstance(v, ShardedTensor)
     }
     kinds = {name: p.sharding_type.value for name, p in plan.get_plan_for_module("").items()}
-    return {"kinds": kinds, "types": [type(v).__name__ for v in state.values()], "shards": shards}
+    # The fused optimizer (row-wise Adagrad) is keyed like TorchRec's: one [rows] accumulator per table, and
+    # one per column shard laid end to end for a column-wise table.
+    optimizer_state = dmp.fused_optimizer.state_dict()["state"]
+    momentum = {
+        key: list(optimizer_state[key][f"{key.split('.')[1]}.momentum1"].size()) for key in sorted(state)
+    }
+    return {
+        "kinds": kinds,
+        "types": [type(v).__name__ for v in state.values()],
+        "shards": shards,
+        "momentum": momentum,
+    }
 
 
 @pytest.mark.slow
@@ -98,6 +109,11 @@ def test_torchrec_style_two_rank_script(sharding_type):
         assert set(result["kinds"].values()) == {sharding_type}
         expected_type = "Tensor" if sharding_type == "data_parallel" else "ShardedTensor"
         assert set(result["types"]) == {expected_type}
+    column_shards = 2 if sharding_type == "column_wise" else 1
+    assert results[0]["momentum"] == {
+        "embedding_bags.table_0.weight": [101],
+        "embedding_bags.table_1.weight": [40 * column_shards],
+    }
     if sharding_type == "row_wise":
         assert [r["shards"]["embedding_bags.table_0.weight"] for r in results] == [[[51, 16]], [[50, 16]]]
     if sharding_type == "column_wise":
