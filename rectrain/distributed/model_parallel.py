@@ -54,7 +54,11 @@ def _tables_of(collection: nn.Module) -> list:
 
 
 def plan_collections(
-    collections: dict[str, nn.Module], env: ShardingEnv, device: torch.device, batch_size: int | None
+    collections: dict[str, nn.Module],
+    env: ShardingEnv,
+    device: torch.device,
+    batch_size: int | None,
+    sharders: list | None = None,
 ) -> ShardingPlan:
     """Plan every collection on rank 0 for this world and broadcast the plan to all ranks."""
     topology = Topology(
@@ -64,7 +68,8 @@ def plan_collections(
     optimizers = [c.fused_optimizer_config for c in collections.values()]
     largest = max(optimizers, key=lambda config: config.state_floats_per_row(128))
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, fused_optimizer=largest)
-    return planner.collective_plan({path: _tables_of(c) for path, c in collections.items()}, pg=env.pg)
+    tables = {path: _tables_of(c) for path, c in collections.items()}
+    return planner.collective_plan(tables, sharders, pg=env.pg)
 
 
 def _shard(
@@ -94,6 +99,7 @@ class DistributedModelParallel(nn.Module):
         env: this rank's place in the process group; default: the initialised default group.
         device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
+        sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices.
         batch_size: the per-rank batch size the planner assumes when planning.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
@@ -108,6 +114,7 @@ class DistributedModelParallel(nn.Module):
         env: ShardingEnv | None = None,
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
+        sharders: list | None = None,
         batch_size: int | None = None,
     ) -> None:
         super().__init__()
@@ -122,7 +129,7 @@ class DistributedModelParallel(nn.Module):
         self.device = torch.device(device) if device is not None else _default_device(env)
         collections = find_collections(module)
         if plan is None and collections:
-            plan = plan_collections(collections, env, self.device, batch_size)
+            plan = plan_collections(collections, env, self.device, batch_size, sharders)
         self.plan = plan
         self._sharded_paths = list(collections)
         for path, collection in collections.items():

@@ -13,6 +13,7 @@ Shapes follow FBGEMM/TorchRec semantics:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -72,13 +73,17 @@ class EmbeddingEnumerator:
         self._batch_size = batch_size
 
     def enumerate(
-        self, tables: dict[str, list[BaseEmbeddingConfig]], constraints: dict[str, ParameterConstraints]
+        self,
+        tables: dict[str, list[BaseEmbeddingConfig]],
+        constraints: dict[str, ParameterConstraints],
+        offered: list[ShardingType] | None = None,
     ) -> list[list[ShardingOption]]:
-        """Options per table, tables ordered by (module path, table name)."""
+        """Options per table, tables ordered by (module path, table name); ``offered`` (the sharders' types)
+        narrows every table's allowed sharding types."""
         result = []
         for module_path in sorted(tables):
             for table in sorted(tables[module_path], key=lambda t: t.name):
-                constraint = constraints.get(table.name, ParameterConstraints())
+                constraint = _narrowed(constraints.get(table.name, ParameterConstraints()), offered)
                 options = self._table_options(module_path, table, constraint)
                 if not options:
                     raise ConfigError(
@@ -168,6 +173,18 @@ class EmbeddingEnumerator:
             w for w in candidates if min_part <= w < cols and math.ceil(cols / w) <= self._topology.world_size
         )
         return widths or [cols]
+
+
+def _narrowed(constraint: ParameterConstraints, offered: list[ShardingType] | None) -> ParameterConstraints:
+    if offered is None:
+        return constraint
+    allowed = [t for t in constraint.sharding_types or list(ShardingType) if t in offered]
+    if not allowed:
+        raise ConfigError(
+            f"no sharding type is both allowed by the constraints ({_names(constraint.sharding_types)}) and "
+            f"offered by the sharders ({_names(offered)})"
+        )
+    return dataclasses.replace(constraint, sharding_types=allowed)
 
 
 def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) -> bool:

@@ -157,3 +157,22 @@ def test_default_topology_without_a_process_group_is_one_rank():
     assert planner.topology.world_size == 1
     plan = planner.plan(standard_tables(2, rows=100, dim=8))
     assert all(s.ranks == [0] for s in plan.plan["ebc"].values())
+
+
+class _CpuSharder:
+    """A sharder as TorchRec's EmbeddingBagCollectionSharder presents itself to the planner on CPU."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return ["data_parallel", "table_wise", "column_wise", "table_column_wise"]
+
+
+def test_sharders_restrict_the_sharding_types_like_torchrec():
+    topology = Topology(world_size=2, ddr_cap=4000 * MB)
+    plan = EmbeddingShardingPlanner(topology).plan(standard_tables(4), [_CpuSharder()])
+    kinds = {s.sharding_type for s in plan.plan["ebc"].values()}
+    assert kinds <= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE}
+    constraints = {"t0": ParameterConstraints(sharding_types=["row_wise"])}
+    with pytest.raises(ConfigError, match=r"allowed by the constraints \(\[row_wise\]\) and offered by"):
+        EmbeddingShardingPlanner(topology, constraints=constraints).plan(standard_tables(1), [_CpuSharder()])
+    with pytest.raises(ConfigError, match="sharders: a object has no sharding_types"):
+        EmbeddingShardingPlanner(topology).plan(standard_tables(1), [object()])
