@@ -14,6 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard as DShard
+from torch.distributed.tensor import distribute_tensor
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel
@@ -86,6 +89,8 @@ def _run(env, sharding_type: str) -> dict:
         for k, v in state.items()
         if isinstance(v, ShardedTensor)
     }
+    if sharding_type == "row_wise":
+        _load_dtensors(env, dmp, reference, kjt)
     kinds = {name: p.sharding_type.value for name, p in plan.get_plan_for_module("").items()}
     # The fused optimizer (row-wise Adagrad) is keyed like TorchRec's: one [rows] accumulator per table, and
     # one per column shard laid end to end for a column-wise table.
@@ -99,6 +104,15 @@ def _run(env, sharding_type: str) -> dict:
         "shards": shards,
         "momentum": momentum,
     }
+
+
+def _load_dtensors(env, dmp: DistributedModelParallel, reference: EmbeddingBagCollection, kjt) -> None:
+    """``load_state_dict`` also takes DTensors (here row-sharded over a 1-D mesh): doubled weights give
+    doubled outputs."""
+    mesh = init_device_mesh("cpu", (env.world_size,))
+    doubled = {k: distribute_tensor(v * 2, mesh, [DShard(0)]) for k, v in reference.state_dict().items()}
+    dmp.load_state_dict(doubled)
+    torch.testing.assert_close(dmp(kjt).values(), 2 * reference(kjt).values(), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.slow
