@@ -168,8 +168,8 @@ def install_state_dict_hooks(module: nn.Module) -> None:
 
 
 def _save_hook(module: ShardedModule, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
-    for name in [k for k in state if k.startswith(prefix)]:
-        del state[name]
+    for name, _ in [*module.named_parameters(), *module.named_buffers()]:
+        state.pop(prefix + name, None)
     for name, table in module.sharded_state().items():
         state[prefix + name] = to_torch(table, module.env, module.device)
 
