@@ -59,9 +59,11 @@ def sharded_tensor(
     if not local:
         # A rank without a shard holds an empty one: torch.distributed.checkpoint drops a ShardedTensor
         # without local shards from its load plan and then misreads the whole checkpoint as an old format.
-        empty = [0] * len(size)
-        local = [(empty, empty, torch.empty(empty, dtype=dtype, device=device))]
-        shards = [*shards, (empty, empty, env.rank)]
+        # It sits past the last row, where no real shard starts: DCP de-duplicates the chunks of a save by
+        # (key, offset), and would keep the empty one instead of a real shard at the same offset.
+        offsets, empty = [size[0]] + [0] * (len(size) - 1), [0] * len(size)
+        local = [(offsets, empty, torch.empty(empty, dtype=dtype, device=device))]
+        shards = [*shards, (offsets, empty, env.rank)]
     metadata = ShardedTensorMetadata(
         shards_metadata=[ShardMetadata(o, n, placement(r, env, device)) for o, n, r in shards],
         size=torch.Size(size),

@@ -140,3 +140,44 @@ def test_dcp_saves_at_two_ranks_and_loads_at_one_and_three_into_other_sharding_t
                 torch.testing.assert_close(result["momentum"][table], momentum, atol=0, rtol=0)
         if world == 3:
             assert any(r["empty_shard"] for r in loaded)
+
+
+def _adam(env, path: str, save: bool) -> dict:
+    """Adam's per-element moments and per-shard step under TorchRec's keys, through DCP at one geometry."""
+    torch.manual_seed(0 if save else 1)
+    ebc = EmbeddingBagCollection(
+        _tables()[2:4], device=torch.device("cpu"), fused_optimizer=FusedOptimizerConfig("adam", lr=0.1)
+    )
+    constraints = {"t2": ParameterConstraints(sharding_types=["column_wise"]), "t3": ParameterConstraints()}
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=env.world_size, compute_device="cpu"), constraints=constraints
+    )
+    dmp = DistributedModelParallel(
+        ebc, device=torch.device("cpu"), plan=planner.collective_plan(ebc, None, env.pg)
+    )
+    if save:
+        dmp(_batch(env.rank * BATCH)).values().sum().backward()
+    state = dmp.fused_optimizer.state_dict()
+    if save:
+        dcp.save(state, checkpoint_id=path)
+    else:
+        dcp.load(state, checkpoint_id=path)
+        dmp.fused_optimizer.load_state_dict(state)
+    own = dmp.fused_optimizer.state_dict()["state"]["embedding_bags.t2.weight"]
+    return {
+        "step": [list(own["t2.step"].size()), [s.tensor.tolist() for s in own["t2.step"].local_shards()]],
+        "exp_avg": [s.tensor.clone() for s in own["t2.exp_avg"].local_shards() if s.tensor.numel()],
+    }
+
+
+def test_adam_state_saves_and_loads_through_dcp(tmp_path):
+    path = str(tmp_path / "adam")
+    saved = run_multiprocess(_adam, 2, path, True)
+    loaded = run_multiprocess(_adam, 2, path, False)
+    steps = [value for r in saved for value in r["step"][1] if value]
+    assert steps == [[1.0], [1.0]]  # one step counter per column shard, each at one step
+    assert sum(len(r["exp_avg"]) for r in saved) == 2
+    for before, after in zip(saved, loaded):
+        assert after["step"] == before["step"] and before["step"][0] == [2]
+        for a, b in zip(before["exp_avg"], after["exp_avg"], strict=True):
+            assert a.abs().sum() > 0 and torch.equal(a, b)
