@@ -3,9 +3,10 @@
 It follows TorchRec's own idiom (``torchrec/distributed/test_utils/test_sharding.py``): plan with
 ``EmbeddingShardingPlanner`` and ``ParameterConstraints(sharding_types=[...])``, ``planner.collective_plan(
 module, sharders, pg)``, ``DistributedModelParallel(module, device=..., plan=plan)``, then copy the sharded
-weights out of ``dmp.state_dict()`` (``local_shards()``, ``shard.metadata.shard_offsets``, ``shard.tensor``)
-into an unsharded reference and compare the two models' forward on the same batch. One run covers every
-sharding type; each type also gets a table it must shard unevenly (rows) or cannot split (columns).
+weights out of ``dmp.state_dict()`` (``local_shards()``, ``shard.metadata.shard_offsets``, ``shard.tensor``;
+or ``ShardedTensor.gather``) into an unsharded reference and compare the two models' forward on the same
+batch. One run per sharding type; each type also gets a table it must shard unevenly (rows) or cannot split
+(columns).
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def _run(env, sharding_type: str) -> dict:
     assert sorted(state) == sorted(reference_state)
     _gather_state_dict(state, reference_state)
     reference.load_state_dict(reference_state)
+
+    for key, value in state.items():  # TorchRec's other idiom: gather a ShardedTensor on one rank
+        if isinstance(value, ShardedTensor):
+            out = torch.empty(value.size()) if env.rank == 0 else None
+            value.gather(dst=0, out=out)
+            assert env.rank != 0 or torch.equal(out, reference_state[key])
 
     kjt = _local_batch(env.rank)
     got, expected = dmp(kjt), reference(kjt)
