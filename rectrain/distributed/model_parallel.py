@@ -11,7 +11,7 @@ The order of work (each a plain step below):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,7 +22,6 @@ from torch.nn.parallel import DistributedDataParallel
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
-from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
@@ -55,7 +54,11 @@ def _tables_of(collection: nn.Module) -> list:
 
 
 def plan_collections(
-    collections: dict[str, nn.Module], env: ShardingEnv, device: torch.device, batch_size: int | None
+    collections: dict[str, nn.Module],
+    env: ShardingEnv,
+    device: torch.device,
+    batch_size: int | None,
+    sharders: list | None = None,
 ) -> ShardingPlan:
     """Plan every collection on rank 0 for this world and broadcast the plan to all ranks."""
     topology = Topology(
@@ -65,7 +68,8 @@ def plan_collections(
     optimizers = [c.fused_optimizer_config for c in collections.values()]
     largest = max(optimizers, key=lambda config: config.state_floats_per_row(128))
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, fused_optimizer=largest)
-    return planner.collective_plan({path: _tables_of(c) for path, c in collections.items()}, pg=env.pg)
+    tables = {path: _tables_of(c) for path, c in collections.items()}
+    return planner.collective_plan(tables, sharders, pg=env.pg)
 
 
 def _shard(
@@ -95,11 +99,13 @@ class DistributedModelParallel(nn.Module):
         env: this rank's place in the process group; default: the initialised default group.
         device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
+        sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices.
         batch_size: the per-rank batch size the planner assumes when planning.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
     ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every collection's fused optimizer, and
-    ``state_dict()`` gives each sharded table as a ``ShardedTable`` (global shape, offsets, local shards).
+    ``state_dict()`` gives each sharded table as TorchRec does: a ``ShardedTensor`` (plain tensor if
+    data-parallel), which ``torch.distributed.checkpoint`` saves and re-shards.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class DistributedModelParallel(nn.Module):
         env: ShardingEnv | None = None,
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
+        sharders: list | None = None,
         batch_size: int | None = None,
     ) -> None:
         super().__init__()
@@ -122,7 +129,7 @@ class DistributedModelParallel(nn.Module):
         self.device = torch.device(device) if device is not None else _default_device(env)
         collections = find_collections(module)
         if plan is None and collections:
-            plan = plan_collections(collections, env, self.device, batch_size)
+            plan = plan_collections(collections, env, self.device, batch_size, sharders)
         self.plan = plan
         self._sharded_paths = list(collections)
         for path, collection in collections.items():
@@ -182,47 +189,13 @@ class DistributedModelParallel(nn.Module):
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
     ) -> Any:
-        """The model's state; each sharded table appears once as a ``ShardedTable``."""
-        state = self.module.state_dict(prefix=prefix, keep_vars=keep_vars)
-        for path, sharded in self.sharded_modules().items():
-            inner = f"{prefix}{path}." if path else prefix
-            for key in [k for k in state if k.startswith(inner)]:
-                del state[key]
-            state.update({f"{inner}{key}": table for key, table in sharded.sharded_state().items()})
-        if destination is not None:
-            destination.update(state)
-            return destination
-        return state
+        """The model's state under its own names (no DMP/DDP prefixes), as TorchRec's DMP gives it: each
+        sharded table once, as a ``ShardedTensor`` (a plain tensor if data-parallel)."""
+        return self.module.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Load dense tensors as usual and each sharded table from a ``ShardedTable`` or a full tensor."""
-        sharded = {k: v for k, v in self.state_dict(keep_vars=True).items() if isinstance(v, ShardedTable)}
-        for key, target in sharded.items():
-            if key in state_dict:
-                _load_sharded(key, target, state_dict[key])
-            elif strict:
-                raise KeyError(f"state_dict has no entry for the sharded table {key!r}")
-        dense = {k: v for k, v in state_dict.items() if k not in sharded}
-        result = self.module.load_state_dict(dense, strict=False, assign=assign)
-        # The sharded modules' own (per-shard) keys are covered by the ShardedTable entries above.
-        inner = tuple(f"{path}." for path in self._sharded_paths)
-        missing = [k for k in result.missing_keys if not k.startswith(inner)]
-        if strict and (missing or result.unexpected_keys):
-            raise KeyError(f"state_dict: missing keys {missing}, unexpected keys {result.unexpected_keys}")
-        return result._replace(missing_keys=missing)
-
-
-def _load_sharded(key: str, target: ShardedTable, source: Any) -> None:
-    if isinstance(source, ShardedTable):
-        pieces = {(s.row_offset, s.col_offset, s.num_rows, s.num_cols): t for s, t in source.local_shards}
-        with torch.no_grad():
-            for shard, tensor in target.local_shards:
-                piece = pieces.get((shard.row_offset, shard.col_offset, shard.num_rows, shard.num_cols))
-                if piece is None:
-                    raise ValueError(
-                        f"{key}: the saved shards do not contain rows {shard.row_offset}+{shard.num_rows}, "
-                        f"cols {shard.col_offset}+{shard.num_cols}; load the full table to re-shard"
-                    )
-                tensor.copy_(piece)
-        return
-    target.load_from_full(torch.as_tensor(source))
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """Load dense tensors as usual and each sharded table from a ``ShardedTensor``, ``DTensor`` or full
+        tensor (re-sharded to this rank's shards)."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)

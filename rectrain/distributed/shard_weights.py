@@ -14,11 +14,12 @@ import torch
 from torch import Tensor
 
 from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.sharded_optimizer import ShardedFusedOptimizer
 from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
-from rectrain.embedding.config import BaseEmbeddingConfig
+from rectrain.distributed.torch_state import ShardedModule, table_dtype
+from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.errors import ConfigError
-from rectrain.optim import CombinedOptimizer
 from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 
 
@@ -86,6 +87,7 @@ def sharded_state(
         f"{prefix}.{table.name}.weight": ShardedTable(
             global_shape=(table.num_embeddings, table.embedding_dim),
             sharding=shardings[table.name],
+            dtype=table_dtype(table.data_type),
             local_shards=[
                 (shard, local(table.name, shard_name))
                 for shard_name, shard in shard_tables_of(table, shardings[table.name], rank)
@@ -121,14 +123,18 @@ def sharded_optimizer_state(
     }
 
 
-def fused_optimizer(sharded: FusedTables | None, data_parallel: Replicated | None) -> torch.optim.Optimizer:
-    """The shards' and the replicas' fused optimizers as one (the only one where the other side is empty)."""
-    members = []
-    if sharded is not None:
-        members.append(("sharded", sharded.fused_optimizer))
-    if data_parallel is not None:
-        members.append(("data_parallel", data_parallel.fused_optimizer))
-    return members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+def fused_optimizer(
+    module: ShardedModule,
+    sharded: FusedTables | None,
+    data_parallel: Replicated | None,
+    config: FusedOptimizerConfig,
+) -> ShardedFusedOptimizer:
+    """The collection's fused optimizer over its shards and replicas, keyed per table as TorchRec keys it."""
+    kernels = [*(sharded.batches if sharded is not None else [])]
+    kernels += data_parallel.tables.batches if data_parallel is not None else []
+    return ShardedFusedOptimizer(
+        module.sharded_state(), module.sharded_optimizer_state, kernels, config, module.env, module.device
+    )
 
 
 def describe(env: ShardingEnv, shardings: Mapping[str, ParameterSharding]) -> str:

@@ -32,6 +32,7 @@ from rectrain.distributed.sequence_dist import (
     send_ids,
 )
 from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
@@ -112,13 +113,23 @@ class ShardedEmbeddingCollection(nn.Module):
         ]
         self._stream_dims = [s.num_cols for s in self.routing.streams[env.rank]]
         self._embedding_names = [n for t in tables for n in names_by_table[t.name]]
+        # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
+        install_state_dict_hooks(self)
+        self._fused_optimizer = shard_weights.fused_optimizer(
+            self, self.embeddings, self.data_parallel, optimizer
+        )
 
     def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
         return shard_weights.local_weight(self.embeddings, self.data_parallel, table, shard_name)
 
     @property
+    def device(self) -> torch.device:
+        """Where this rank's shards live."""
+        return self._device
+
+    @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        return shard_weights.fused_optimizer(self.embeddings, self.data_parallel)
+        return self._fused_optimizer
 
     def embedding_configs(self) -> list:
         return self._tables

@@ -33,6 +33,7 @@ from rectrain.distributed.pending import Pending
 from rectrain.distributed.routing import build_routing
 from rectrain.distributed.shard_lookup import lookup
 from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import PoolingType
 from rectrain.embedding.fused_tables import FusedTables
@@ -109,6 +110,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._columns = self._output_columns(dp_tables)
         self._prefetched: tuple[KeyedJaggedTensor, LocalFeatures, Pending] | None = None
+        # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
+        install_state_dict_hooks(self)
+        self._fused_optimizer = shard_weights.fused_optimizer(
+            self, self.embedding_bags, self.data_parallel, optimizer
+        )
 
     def _output_columns(self, dp_tables: list) -> Tensor | None:
         """Column order taking [routed outputs | data-parallel outputs] to the collection's table order."""
@@ -125,8 +131,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return shard_weights.local_weight(self.embedding_bags, self.data_parallel, table, shard_name)
 
     @property
+    def device(self) -> torch.device:
+        """Where this rank's shards live."""
+        return self._device
+
+    @property
     def fused_optimizer(self) -> torch.optim.Optimizer:
-        return shard_weights.fused_optimizer(self.embedding_bags, self.data_parallel)
+        return self._fused_optimizer
 
     def embedding_bag_configs(self) -> list:
         return self._tables

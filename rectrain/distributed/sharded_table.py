@@ -23,7 +23,8 @@ def shard_tables_of(
     if sharding.sharding_type is ShardingType.DATA_PARALLEL:
         return [(None, Shard(0, table.num_embeddings, 0, table.embedding_dim, rank))]
     spec = sharding.sharding_spec or []
-    return [(f"{table.name}#{i}", s) for i, s in enumerate(spec) if s.rank == rank]
+    # A row shard with no rows (more row blocks than rows) has no kernel table and holds nothing.
+    return [(f"{table.name}#{i}", s) for i, s in enumerate(spec) if s.rank == rank and s.num_rows]
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ShardedTable:
     global_shape: tuple[int, int]
     sharding: ParameterSharding
     local_shards: list[tuple[Shard, Tensor]] = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
 
     def load_from_full(self, full: Tensor) -> None:
         """Copy this rank's rectangles out of the whole table (re-sharding from any saved layout)."""

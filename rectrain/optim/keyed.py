@@ -66,13 +66,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
                 saved = state_dict["state"][key]
                 _check_same_keys(f"optimizer state of {key!r}", tensors.keys(), saved.keys())
                 for name, tensor in tensors.items():
-                    value = torch.as_tensor(saved[name])
-                    if value.shape != tensor.shape:
-                        raise ValueError(
-                            f"optimizer state {name!r} of {key!r}: saved shape {tuple(value.shape)} does not "
-                            f"match {tuple(tensor.shape)}"
-                        )
-                    tensor.copy_(value)
+                    self._copy_state(f"optimizer state {name!r} of {key!r}", tensor, saved[name])
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
@@ -88,6 +82,16 @@ class KeyedOptimizer(torch.optim.Optimizer):
             for name, value in saved.items():
                 if name != "params":
                     group[name] = value
+
+    def _copy_state(self, where: str, tensor: Any, saved: Any) -> None:
+        """Copy one saved state value into this optimizer's ``tensor`` (subclasses holding sharded state
+        override this)."""
+        value = torch.as_tensor(saved)
+        if value.shape != tensor.shape:
+            raise ValueError(
+                f"{where}: saved shape {tuple(value.shape)} does not match {tuple(tensor.shape)}"
+            )
+        tensor.copy_(value)
 
 
 class CombinedOptimizer(torch.optim.Optimizer):

@@ -5,13 +5,15 @@ Shapes follow FBGEMM/TorchRec semantics:
 - table wise: one full shard on one rank;
 - row wise: ``world_size`` row blocks of ``ceil(num_embeddings / world_size)`` rows (block-bucketize), shard
   ``i`` on rank ``i``; the last shards are smaller, possibly empty;
-- column wise: column blocks of a width that is a multiple of 4, each placed like a table-wise table;
+- column wise: column blocks of a width that is a multiple of 4, each placed like a table-wise table; a
+  table too narrow to split is one column shard (TorchRec does the same);
 - table row wise: row blocks over the ``local_world_size`` ranks of one host, the host chosen by the
-  partitioner.
+  partitioner; on a single host that is row-wise within it (as in TorchRec).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -71,19 +73,24 @@ class EmbeddingEnumerator:
         self._batch_size = batch_size
 
     def enumerate(
-        self, tables: dict[str, list[BaseEmbeddingConfig]], constraints: dict[str, ParameterConstraints]
+        self,
+        tables: dict[str, list[BaseEmbeddingConfig]],
+        constraints: dict[str, ParameterConstraints],
+        offered: list[ShardingType] | None = None,
     ) -> list[list[ShardingOption]]:
-        """Options per table, tables ordered by (module path, table name)."""
+        """Options per table, tables ordered by (module path, table name); ``offered`` (the sharders' types)
+        narrows every table's allowed sharding types."""
         result = []
         for module_path in sorted(tables):
             for table in sorted(tables[module_path], key=lambda t: t.name):
-                constraint = constraints.get(table.name, ParameterConstraints())
+                constraint = _narrowed(constraints.get(table.name, ParameterConstraints()), offered)
                 options = self._table_options(module_path, table, constraint)
                 if not options:
                     raise ConfigError(
                         f"table {table.name!r} (module {module_path!r}): no sharding is legal with "
                         f"sharding_types={_names(constraint.sharding_types)} and "
-                        f"compute_kernels={_names(constraint.compute_kernels)}"
+                        f"compute_kernels={_names(constraint.compute_kernels)}: "
+                        + "; ".join(self._refusals(table, constraint))
                     )
                 result.append(options)
         return result
@@ -106,6 +113,24 @@ class EmbeddingEnumerator:
                         )
         return options
 
+    def _refusals(self, table: BaseEmbeddingConfig, constraint: ParameterConstraints) -> list[str]:
+        """Why each allowed sharding type has no option (the reasons TorchRec's enumerator has too)."""
+        reasons = []
+        allowed_kernels = constraint.compute_kernels or list(EmbeddingComputeKernel)
+        for kind in constraint.sharding_types or list(ShardingType):
+            if not self._shapes(table, kind, constraint):
+                parts = self._topology.world_size if kind == ShardingType.ROW_WISE else None
+                parts = parts or self._topology.local_world_size
+                reasons.append(
+                    f"{kind.value} shards would have {math.ceil(table.num_embeddings / parts)} rows, fewer "
+                    f"than min_partition={constraint.min_partition}"
+                )
+            elif not any(_kernel_fits(kind, k) for k in allowed_kernels):
+                reasons.append(
+                    f"{kind.value} runs only the dense kernel (its replicas' gradients are all-reduced)"
+                )
+        return reasons
+
     def _shapes(
         self, table: BaseEmbeddingConfig, sharding_type: ShardingType, constraint: ParameterConstraints
     ) -> list[list[Shard]]:
@@ -121,12 +146,9 @@ class EmbeddingEnumerator:
                 [Shard(o, n, 0, cols, rank=i) for i, (o, n) in enumerate(row_blocks(rows, topo.world_size))]
             ]
         if sharding_type == ShardingType.TABLE_ROW_WISE:
-            if topo.num_hosts == 1:
-                if constraint.sharding_types == [ShardingType.TABLE_ROW_WISE]:
-                    raise ConfigError(
-                        f"table {table.name!r}: table_row_wise needs more than one host: local_world_size "
-                        f"({topo.local_world_size}) must be smaller than world_size ({topo.world_size})"
-                    )
+            # On one host (local_world_size == world_size) this is row-wise within the host, as in TorchRec;
+            # offered only when asked for, since unasked it would duplicate the row-wise option.
+            if topo.num_hosts == 1 and ShardingType.TABLE_ROW_WISE not in (constraint.sharding_types or []):
                 return []
             if math.ceil(rows / topo.local_world_size) < min_part:
                 return []
@@ -138,19 +160,31 @@ class EmbeddingEnumerator:
         ]
 
     def _column_widths(self, cols: int, constraint: ParameterConstraints) -> list[int]:
-        if cols % 4 != 0:
-            logger.debug("column-wise needs embedding_dim divisible by 4; %d is not", cols)
-            return []
+        """Column-wise shard widths to try; ``[cols]`` (one column shard, as TorchRec places a table narrower
+        than its minimum shard dim) when the table cannot be split further."""
         width = constraint.column_wise_shard_dim
         min_part = constraint.min_partition or (4 if width is not None else MIN_CW_DIM)
         if width is not None:
             # An explicit width may give more shards than ranks; several shards then share a rank.
-            return [width] if min_part <= width < cols else []
+            return [width] if min_part <= width < cols else [cols]
         even_split = 4 * math.ceil(cols / self._topology.world_size / 4)
         candidates = {*CW_SHARD_DIMS, even_split}
-        return sorted(
+        widths = sorted(
             w for w in candidates if min_part <= w < cols and math.ceil(cols / w) <= self._topology.world_size
         )
+        return widths or [cols]
+
+
+def _narrowed(constraint: ParameterConstraints, offered: list[ShardingType] | None) -> ParameterConstraints:
+    if offered is None:
+        return constraint
+    allowed = [t for t in constraint.sharding_types or list(ShardingType) if t in offered]
+    if not allowed:
+        raise ConfigError(
+            f"no sharding type is both allowed by the constraints ({_names(constraint.sharding_types)}) and "
+            f"offered by the sharders ({_names(offered)})"
+        )
+    return dataclasses.replace(constraint, sharding_types=allowed)
 
 
 def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) -> bool:

@@ -85,13 +85,10 @@ class EmbeddingShardingPlanner:
     ) -> ShardingPlan:
         """Plan every table of ``module_or_tables`` (``{module_path: [table configs]}`` or a module to scan).
 
-        ``sharders`` is accepted for TorchRec signature compatibility; restricting sharding types through
-        sharders is not supported yet, so it must be None (use ``ParameterConstraints`` instead).
+        ``sharders`` (TorchRec's argument) restricts the sharding types to those the sharders offer
+        (``sharder.sharding_types(compute_device)``; types rectrain does not have are ignored), on top of
+        the tables' ``ParameterConstraints``. None or empty: no restriction.
         """
-        if sharders is not None:
-            raise NotImplementedError(
-                "sharders are not supported yet; restrict choices with ParameterConstraints"
-            )
         tables = collect_tables(module_or_tables)
         known = {t.name for configs in tables.values() for t in configs}
         unknown = sorted(set(self._constraints) - known)
@@ -99,9 +96,10 @@ class EmbeddingShardingPlanner:
             raise ConfigError(
                 f"constraints name tables that do not exist: {unknown}; tables: {sorted(known)}"
             )
+        offered = _sharder_types(sharders, self._topology.compute_device)
         options = [
             [self._estimate(o) for o in opts]
-            for opts in self._enumerator.enumerate(tables, self._constraints)
+            for opts in self._enumerator.enumerate(tables, self._constraints, offered)
         ]
         options = [self._drop_oversized(opts) for opts in options]
         placement = self._search(options)
@@ -182,6 +180,24 @@ class EmbeddingShardingPlanner:
             raise _no_fit_error(memory_balanced.option, memory_balanced.needed, memory_balanced.free)
         logger.debug("planner evaluated %d placements", len(placements))
         return min(candidates, key=lambda p: p.score)
+
+
+def _sharder_types(sharders: list | None, compute_device: str) -> list[ShardingType] | None:
+    """The sharding types TorchRec-style ``sharders`` offer together; None when none is given."""
+    if not sharders:
+        return None
+    offered: list[ShardingType] = []
+    for sharder in sharders:
+        method = getattr(sharder, "sharding_types", None)
+        if not callable(method):
+            raise ConfigError(
+                f"sharders: a {type(sharder).__name__} has no sharding_types(compute_device_type) method"
+            )
+        known = {t.value: t for t in ShardingType}
+        offered += [
+            known[str(v)] for v in method(compute_device) if str(v) in known and known[str(v)] not in offered
+        ]
+    return offered
 
 
 def _default_topology() -> Topology:

@@ -12,8 +12,9 @@ import copy
 
 import torch
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from rectrain.distributed import DistributedModelParallel, ShardedTable, ShardingType, row_wise
+from rectrain.distributed import DistributedModelParallel, ShardingType, row_wise
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.sparse import KeyedJaggedTensor
@@ -97,31 +98,30 @@ def _train(env, plan_rows_wise: bool) -> dict:
     torch.testing.assert_close(dmp.module.dense.weight, reference.dense.weight, **TOL)
     state = dmp.state_dict()
     for key, value in state.items():
-        if isinstance(value, ShardedTable):
+        if isinstance(value, ShardedTensor):
             full = reference.state_dict()[key]
-            for shard, tensor in value.local_shards:
-                rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
-                torch.testing.assert_close(
-                    tensor, full[rows, shard.col_offset : shard.col_offset + shard.num_cols]
-                )
+            for shard in value.local_shards():
+                (row, col), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                torch.testing.assert_close(shard.tensor, full[row : row + rows, col : col + cols])
     # Loading the unsharded model's full tables back writes every rank's rectangles.
     with torch.no_grad():
         for value in state.values():
-            if isinstance(value, ShardedTable):
-                for _, tensor in value.local_shards:
-                    tensor.zero_()
+            if isinstance(value, ShardedTensor):
+                for shard in value.local_shards():
+                    shard.tensor.zero_()
     dmp.load_state_dict(reference.state_dict())
     after = dmp.state_dict()
     restored = all(
         torch.equal(
-            t,
-            reference.state_dict()[k][s.row_offset : s.row_offset + s.num_rows, s.col_offset :][
-                :, : s.num_cols
+            s.tensor,
+            reference.state_dict()[k][
+                s.metadata.shard_offsets[0] : s.metadata.shard_offsets[0] + s.metadata.shard_sizes[0],
+                s.metadata.shard_offsets[1] : s.metadata.shard_offsets[1] + s.metadata.shard_sizes[1],
             ],
         )
         for k, v in after.items()
-        if isinstance(v, ShardedTable)
-        for s, t in v.local_shards
+        if isinstance(v, ShardedTensor)
+        for s in v.local_shards()
     )
     kinds = {name: s.sharding_type.value for name, s in dmp.plan.get_plan_for_module("sparse.ebc").items()}
     return {"restored": restored, "kinds": kinds, "keys": sorted(k for k in state if "ebc" in k)}
@@ -175,7 +175,7 @@ def _sequence(env) -> bool:
             torch.testing.assert_close(jt.values(), rows.detach(), **TOL)
         sum(v.values().sum() for v in expected.values()).backward()
         sum(v.values().sum() for v in got.values()).backward()
-    return sorted(k for k, v in dmp.state_dict().items() if isinstance(v, ShardedTable))
+    return sorted(k for k, v in dmp.state_dict().items() if isinstance(v, (ShardedTensor, torch.Tensor)))
 
 
 def test_dmp_shards_an_embedding_collection():

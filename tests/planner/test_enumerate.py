@@ -61,10 +61,20 @@ def test_table_row_wise_splits_rows_over_one_host():
     assert [(s.row_offset, s.num_rows, s.rank) for s in twrw.shards] == [(0, 500, None), (500, 500, None)]
 
 
-def test_table_row_wise_needs_more_than_one_host():
-    constraint = ParameterConstraints(sharding_types=["table_row_wise"])
-    with pytest.raises(ConfigError, match=r"local_world_size \(2\) must be smaller than world_size \(2\)"):
-        _options(EmbeddingBagConfig(1000, 16, name="t"), world=2, constraint=constraint)
+def test_table_row_wise_on_one_host_is_row_wise_within_it():
+    constraint = ParameterConstraints(sharding_types=["table_row_wise"], compute_kernels=["fused"])
+    (twrw,) = _options(EmbeddingBagConfig(1001, 16, name="t"), world=2, constraint=constraint)
+    assert twrw.sharding_type == ShardingType.TABLE_ROW_WISE
+    assert [(s.row_offset, s.num_rows) for s in twrw.shards] == [(0, 501), (501, 500)]
+
+
+@pytest.mark.parametrize("dim, width", [(16, None), (8, None), (64, 64), (8, 32)])
+def test_column_wise_on_a_table_too_narrow_to_split_is_one_column_shard(dim, width):
+    constraint = ParameterConstraints(
+        sharding_types=["column_wise"], compute_kernels=["fused"], column_wise_shard_dim=width
+    )
+    (cw,) = _options(EmbeddingBagConfig(100, dim, name="t"), world=2, constraint=constraint)
+    assert [(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in cw.shards] == [(0, 100, 0, dim)]
 
 
 def test_constraints_restrict_options():
@@ -78,7 +88,14 @@ def test_constraints_restrict_options():
 
 def test_no_legal_option_is_a_clear_error():
     constraint = ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"])
-    with pytest.raises(ConfigError, match="table 't' .*no sharding is legal"):
+    with pytest.raises(
+        ConfigError, match="table 't' .*no sharding is legal.*data_parallel runs only the dense"
+    ):
+        _options(EmbeddingBagConfig(1000, 16, name="t"), constraint=constraint)
+    constraint = ParameterConstraints(sharding_types=["row_wise"], min_partition=300)
+    with pytest.raises(
+        ConfigError, match="row_wise shards would have 250 rows, fewer than min_partition=300"
+    ):
         _options(EmbeddingBagConfig(1000, 16, name="t"), constraint=constraint)
 
 

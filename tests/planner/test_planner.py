@@ -104,7 +104,7 @@ def test_constraints_are_honoured():
     assert plan.plan["ebc"]["t1"].ranks == [0, 1]
 
 
-def test_twrw_is_chosen_only_across_hosts():
+def test_twrw_across_hosts_and_on_one_host():
     constraints = {"t0": ParameterConstraints(sharding_types=["table_row_wise"])}
     plan = EmbeddingShardingPlanner(
         Topology(world_size=4, local_world_size=2, ddr_cap=4000 * MB), constraints=constraints
@@ -112,10 +112,12 @@ def test_twrw_is_chosen_only_across_hosts():
     sharding = plan.plan["ebc"]["t0"]
     assert sharding.sharding_type == ShardingType.TABLE_ROW_WISE
     assert sharding.ranks in ([0, 1], [2, 3])
-    with pytest.raises(ConfigError, match="table_row_wise needs more than one host"):
-        EmbeddingShardingPlanner(Topology(world_size=2, ddr_cap=4000 * MB), constraints=constraints).plan(
-            standard_tables(1)
-        )
+    # One host: row-wise within it (TorchRec plans it the same way).
+    plan = EmbeddingShardingPlanner(Topology(world_size=2, ddr_cap=4000 * MB), constraints=constraints).plan(
+        standard_tables(1)
+    )
+    assert plan.plan["ebc"]["t0"].sharding_type == ShardingType.TABLE_ROW_WISE
+    assert plan.plan["ebc"]["t0"].ranks == [0, 1]
 
 
 def test_bad_inputs_are_named():
@@ -155,3 +157,22 @@ def test_default_topology_without_a_process_group_is_one_rank():
     assert planner.topology.world_size == 1
     plan = planner.plan(standard_tables(2, rows=100, dim=8))
     assert all(s.ranks == [0] for s in plan.plan["ebc"].values())
+
+
+class _CpuSharder:
+    """A sharder as TorchRec's EmbeddingBagCollectionSharder presents itself to the planner on CPU."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return ["data_parallel", "table_wise", "column_wise", "table_column_wise"]
+
+
+def test_sharders_restrict_the_sharding_types_like_torchrec():
+    topology = Topology(world_size=2, ddr_cap=4000 * MB)
+    plan = EmbeddingShardingPlanner(topology).plan(standard_tables(4), [_CpuSharder()])
+    kinds = {s.sharding_type for s in plan.plan["ebc"].values()}
+    assert kinds <= {ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE}
+    constraints = {"t0": ParameterConstraints(sharding_types=["row_wise"])}
+    with pytest.raises(ConfigError, match=r"allowed by the constraints \(\[row_wise\]\) and offered by"):
+        EmbeddingShardingPlanner(topology, constraints=constraints).plan(standard_tables(1), [_CpuSharder()])
+    with pytest.raises(ConfigError, match="sharders: a object has no sharding_types"):
+        EmbeddingShardingPlanner(topology).plan(standard_tables(1), [object()])

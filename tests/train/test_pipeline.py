@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from rectrain.datasets import SyntheticConfig, build_dataset
-from rectrain.distributed import DistributedModelParallel, ShardedTable
+from rectrain.distributed import DistributedModelParallel
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.models.dlrm import DLRM, DLRMTrain
 from rectrain.train import TrainPipelineBase, TrainPipelineSparseDist
@@ -48,10 +49,10 @@ def _train(pipeline_class, model, rank: int, world_size: int) -> list[float]:
 def _tables(model) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     return {
-        f"{k}@{s.row_offset},{s.col_offset}": t.clone()
+        f"{k}@{s.metadata.shard_offsets}": s.tensor.clone()
         for k, v in state.items()
-        if isinstance(v, ShardedTable)
-        for s, t in v.local_shards
+        if isinstance(v, ShardedTensor)
+        for s in v.local_shards()
     }
 
 
