@@ -23,6 +23,7 @@ from rectrain.train.checkpointing import Position
 from rectrain.train.config import RunConfig
 from rectrain.train.data import RunData
 from rectrain.train.evaluate import evaluate
+from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from rectrain.train.progress import ProgressReporter
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
@@ -105,6 +106,7 @@ class TrainJob:
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
         summary = TrainSummary(start=position, end=position)
         self._saved_step = position.step if position.step else None
+        self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:
@@ -115,8 +117,7 @@ class TrainJob:
             reporter.flush(position.step)
             evaluated = summary.eval_metrics.get("step") == position.step
             if not (evaluated or summary.stopped_by_signal):  # on SIGTERM, save first and fast
-                summary.eval_metrics = {"step": position.step, **self.evaluate()}
-                reporter.on_eval(position.step, summary.eval_metrics)
+                self._evaluate(position.step, reporter, summary)
             summary.checkpoint = self._checkpoint(position, reporter) or summary.checkpoint
         finally:
             reporter.close(position.step)
@@ -140,10 +141,11 @@ class TrainJob:
                 return position
             rows = _rows_of(output, cfg.train.batch_size) * self.world_size
             position = Position(position.step + 1, position.examples + rows)
-            reporter.on_step(position.step, _loss_of(output), position.examples)
+            loss = _loss_of(output)
+            reporter.on_step(position.step, loss, position.examples)
+            self.guard.check_loss(position.step, loss)
             if every_eval and position.step % every_eval == 0:
-                summary.eval_metrics = {"step": position.step, **self.evaluate()}
-                reporter.on_eval(position.step, summary.eval_metrics)
+                self._evaluate(position.step, reporter, summary)
             if batches.stop_agreed:
                 logger.warning(
                     "stop requested (SIGTERM): checkpointing at step %d and exiting", position.step
@@ -153,6 +155,11 @@ class TrainJob:
             if every_ckpt and position.step % every_ckpt == 0:
                 summary.checkpoint = self._checkpoint(position, reporter)
 
+    def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        summary.eval_metrics = {"step": step, **self.evaluate()}
+        reporter.on_eval(step, summary.eval_metrics)
+        self.guard.check_eval(step, summary.eval_metrics)
+
     def _checkpoint(self, position: Position, reporter: ProgressReporter) -> Path | None:
         """Save ``position`` unless it is already saved (or checkpointing is off)."""
         if position.step == self._saved_step:
@@ -160,5 +167,6 @@ class TrainJob:
         path = checkpointing.save(self.config, self.training, self.env, position)
         self._saved_step = position.step
         if path is not None:
+            self.guard.saved(position.step)
             reporter.write({"event": "checkpoint", "step": position.step, "path": str(path)})
         return path

@@ -1,0 +1,51 @@
+"""The divergence guard: a NaN loss or an AUC collapse stops the run, names the step, keeps the last save."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rectrain.errors import TrainingDiverged
+from rectrain.train.guard import DivergenceGuard
+from rectrain.train.job import TrainJob
+from rectrain.train.sync import RankAgreement
+from tests.train.test_job import events, synthetic
+
+SGD = ("optimizer.dense=sgd", "optimizer.dense_lr=0.01")
+
+
+def test_a_huge_learning_rate_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    TrainJob(
+        synthetic(tmp_path, "train.steps=4", "checkpoint.every_n_steps=2", *SGD), progress_bar=False
+    ).run()
+    diverging = synthetic(tmp_path, "train.steps=20", "optimizer.dense=sgd", "optimizer.dense_lr=1e12")
+    with pytest.raises(TrainingDiverged) as caught:
+        TrainJob(diverging, progress_bar=False).run()  # resumes from step 4, then blows up
+    message = str(caught.value)
+    assert message.startswith("training diverged at step ") and "\n" not in message
+    assert "the last good checkpoint (step 4) is kept. Fix: lower optimizer.sparse_lr" in message
+    saved = [e["step"] for e in events(tmp_path / "metrics.jsonl") if e["event"] == "checkpoint"]
+    assert saved == [2, 4]
+    assert TrainJob(synthetic(tmp_path, "train.steps=4", *SGD), progress_bar=False).run().start.step == 4
+
+
+def test_a_nan_loss_raises_and_a_finite_one_does_not():
+    guard = DivergenceGuard(RankAgreement(None), last_good_step=40)
+    guard.check_loss(41, torch.tensor(0.69))
+    with pytest.raises(
+        TrainingDiverged, match=r"at step 42: training loss is nan; the last good checkpoint \(step 40\)"
+    ):
+        guard.check_loss(42, torch.tensor(float("nan")))
+
+
+def test_an_auc_collapse_after_learning_raises_but_chance_from_the_start_does_not():
+    never_learned = DivergenceGuard(RankAgreement(None))
+    for step, auc in [(10, 0.50), (20, 0.502), (30, 0.499)]:
+        never_learned.check_eval(step, {"auc": auc})
+    guard = DivergenceGuard(RankAgreement(None))
+    guard.check_eval(10, {"auc": 0.62})
+    guard.check_eval(20, {"auc": 0.58})  # worse, but still learning: not a collapse
+    with pytest.raises(
+        TrainingDiverged, match=r"at step 30: held-out AUC collapsed to 0.5010 \(it was 0.6200\)"
+    ):
+        guard.check_eval(30, {"auc": 0.501})
