@@ -26,6 +26,7 @@ from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from rectrain.train.progress import ProgressReporter
+from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class TrainJob:
         self.config, self.env = config, env
         self.rank, self.world_size = _world(env)
         self.training: TrainingModel = build_training(config, env)
+        # Base rates read before a resume loads a checkpoint's: the configured rates win.
+        self.lr = ScheduledLR(self.training.optimizer, config.lr_schedule())
         self.data = RunData(config, self.rank, self.world_size)
         self.agreement = RankAgreement(env)
         self.progress_bar = progress_bar
@@ -135,6 +138,7 @@ class TrainJob:
         cfg = self.config
         every_eval, every_ckpt = cfg.train.eval_every, cfg.checkpoint.every_n_steps
         while True:
+            self.lr.apply(position.step)
             try:
                 output = pipeline.progress(batches)
             except StopIteration:
