@@ -9,6 +9,7 @@ then skips its checkpoint, so the last checkpoint on disk is the last good one.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -16,6 +17,8 @@ from torch import Tensor
 
 from rectrain.errors import TrainingDiverged
 from rectrain.train.sync import RankAgreement
+
+logger = logging.getLogger(__name__)
 
 _FIX = "lower optimizer.sparse_lr / optimizer.dense_lr (or add warm-up: optimizer.warmup_steps)"
 
@@ -51,8 +54,16 @@ class DivergenceGuard:
         if not math.isfinite(auc):
             self._raise(step, f"held-out AUC is {auc}")
         learned = self._best_auc is not None and self._best_auc >= 0.5 + self.learned_margin
-        if learned and abs(auc - 0.5) < self.collapse_margin:
+        at_chance = abs(auc - 0.5) < self.collapse_margin
+        if learned and at_chance:
             self._raise(step, f"held-out AUC collapsed to {auc:.4f} (it was {self._best_auc:.4f})")
+        if at_chance:  # never learned: a rate too high from the start looks like this (or labels are noise)
+            logger.warning(
+                "held-out AUC is %.4f at step %d: the model is not learning; if the data has signal, %s",
+                auc,
+                step,
+                _FIX,
+            )
         self._best_auc = auc if self._best_auc is None else max(self._best_auc, auc)
 
     def saved(self, step: int) -> None:

@@ -35,10 +35,11 @@ def test_a_nan_loss_raises_and_a_finite_one_does_not():
         guard.check_loss(42, torch.tensor(float("nan")))
 
 
-def test_an_auc_collapse_after_learning_raises_but_chance_from_the_start_does_not():
+def test_an_auc_collapse_after_learning_raises_but_chance_from_the_start_only_warns(caplog):
     never_learned = DivergenceGuard(RankAgreement(None))
     for step, auc in [(10, 0.50), (20, 0.502), (30, 0.499)]:
         never_learned.check_eval(step, {"auc": auc})
+    assert "held-out AUC is 0.4990 at step 30: the model is not learning" in caplog.text
     guard = DivergenceGuard(RankAgreement(None))
     guard.check_eval(10, {"auc": 0.62})
     guard.check_eval(20, {"auc": 0.58})  # worse, but still learning: not a collapse
