@@ -7,3 +7,7 @@ class RecTrainError(Exception):
 
 class ConfigError(RecTrainError, ValueError):
     """A user-supplied value (config field, constructor argument, file) is invalid."""
+
+
+class TrainingDiverged(RecTrainError):
+    """The loss became NaN/inf, or the held-out AUC collapsed to chance; the run stopped without saving."""

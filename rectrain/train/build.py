@@ -22,6 +22,7 @@ from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, ShardingPlan, Topology
 from rectrain.train.config import RunConfig
+from rectrain.train.schedule import clip_before_step
 
 _GIB = 1024**3
 
@@ -148,7 +149,10 @@ def dense_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.opti
         "adam": torch.optim.Adam,
         "adamw": torch.optim.AdamW,
     }
-    return kinds[opt.dense](params, lr=opt.dense_lr, weight_decay=opt.dense_weight_decay)
+    optimizer = kinds[opt.dense](params, lr=opt.dense_lr, weight_decay=opt.dense_weight_decay)
+    if opt.max_grad_norm is not None:
+        clip_before_step(optimizer, params, opt.max_grad_norm)
+    return optimizer
 
 
 def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:

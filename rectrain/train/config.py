@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rectrain.errors import ConfigError
+from rectrain.train.schedule import DECAYS, LRSchedule
 from rectrain.train.schema import (
     apply_overrides,
     choices,
@@ -62,13 +63,28 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    """The fused embedding optimizer (runs inside backward) and the dense parameters' optimizer."""
+    """The fused embedding optimizer (runs inside backward), the dense parameters' optimizer, the schedule.
+
+    ``max_grad_norm`` clips the dense gradients' total norm (embeddings update inside backward, unclipped).
+    The learning-rate schedule scales ``sparse_lr`` and ``dense_lr`` alike: linear warm-up from
+    ``warmup_start`` (a fraction of the rate) over ``warmup_steps``, then ``decay`` (``constant``,
+    ``linear``, ``polynomial`` with ``decay_power``, ``cosine``) from ``decay_start`` (default: the end of
+    warm-up) over ``decay_steps`` (default: to ``train.steps``) down to ``min_lr_ratio`` of the rate.
+    """
 
     sparse: str = field(default="rowwise_adagrad", metadata=choices(*SPARSE_OPTIMIZERS))
     sparse_lr: float = field(default=0.05, metadata=positive())
     dense: str = field(default="adagrad", metadata=choices(*DENSE_OPTIMIZERS))
     dense_lr: float = field(default=0.05, metadata=positive())
     dense_weight_decay: float = field(default=0.0, metadata=non_negative())
+    max_grad_norm: float | None = field(default=None, metadata=positive())
+    warmup_steps: int = field(default=0, metadata=non_negative())
+    warmup_start: float = field(default=0.0, metadata=non_negative())
+    decay: str = field(default="constant", metadata=choices(*DECAYS))
+    decay_start: int | None = field(default=None, metadata=non_negative())
+    decay_steps: int | None = field(default=None, metadata=positive())
+    decay_power: float = field(default=2.0, metadata=positive())
+    min_lr_ratio: float = field(default=0.0, metadata=non_negative())
 
 
 @dataclass
@@ -162,8 +178,36 @@ class RunConfig:
         config.validate()
         return config
 
+    def lr_schedule(self) -> LRSchedule:
+        """The learning-rate schedule of ``[optimizer]`` (validated: decay has a length)."""
+        opt = self.optimizer
+        decay_steps = opt.decay_steps
+        start = opt.warmup_steps if opt.decay_start is None else opt.decay_start
+        if decay_steps is None:
+            decay_steps = max(1, (self.train.steps or 0) - start)
+        return LRSchedule(
+            warmup_steps=opt.warmup_steps,
+            warmup_start=opt.warmup_start,
+            decay=opt.decay,
+            decay_start=start,
+            decay_steps=decay_steps,
+            decay_power=opt.decay_power,
+            min_lr_ratio=opt.min_lr_ratio,
+        )
+
+    def _validate_schedule(self) -> None:
+        opt, src = self.optimizer, self.source
+        if opt.decay != "constant" and opt.decay_steps is None and self.train.steps is None:
+            raise ConfigError(
+                f"{src}: optimizer.decay_steps: needed with decay = {opt.decay!r} when the run is given "
+                "in epochs (train.steps sets it otherwise)"
+            )
+        if opt.warmup_start > 1 or opt.min_lr_ratio > 1:
+            raise ConfigError(f"{src}: optimizer.warmup_start and min_lr_ratio are fractions in [0, 1]")
+
     def validate(self) -> None:
         """Checks that span keys (each key's own type was checked when read)."""
+        self._validate_schedule()
         data, train, src = self.data, self.train, self.source
         if train.steps is not None and train.epochs is not None:
             raise ConfigError(f"{src}: train: give steps or epochs, not both")

@@ -23,8 +23,10 @@ from rectrain.train.checkpointing import Position
 from rectrain.train.config import RunConfig
 from rectrain.train.data import RunData
 from rectrain.train.evaluate import evaluate
+from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from rectrain.train.progress import ProgressReporter
+from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class TrainJob:
         self.config, self.env = config, env
         self.rank, self.world_size = _world(env)
         self.training: TrainingModel = build_training(config, env)
+        # Base rates read before a resume loads a checkpoint's: the configured rates win.
+        self.lr = ScheduledLR(self.training.optimizer, config.lr_schedule())
         self.data = RunData(config, self.rank, self.world_size)
         self.agreement = RankAgreement(env)
         self.progress_bar = progress_bar
@@ -105,6 +109,7 @@ class TrainJob:
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
         summary = TrainSummary(start=position, end=position)
         self._saved_step = position.step if position.step else None
+        self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:
@@ -115,8 +120,7 @@ class TrainJob:
             reporter.flush(position.step)
             evaluated = summary.eval_metrics.get("step") == position.step
             if not (evaluated or summary.stopped_by_signal):  # on SIGTERM, save first and fast
-                summary.eval_metrics = {"step": position.step, **self.evaluate()}
-                reporter.on_eval(position.step, summary.eval_metrics)
+                self._evaluate(position.step, reporter, summary)
             summary.checkpoint = self._checkpoint(position, reporter) or summary.checkpoint
         finally:
             reporter.close(position.step)
@@ -134,16 +138,18 @@ class TrainJob:
         cfg = self.config
         every_eval, every_ckpt = cfg.train.eval_every, cfg.checkpoint.every_n_steps
         while True:
+            self.lr.apply(position.step)
             try:
                 output = pipeline.progress(batches)
             except StopIteration:
                 return position
             rows = _rows_of(output, cfg.train.batch_size) * self.world_size
             position = Position(position.step + 1, position.examples + rows)
-            reporter.on_step(position.step, _loss_of(output), position.examples)
+            loss = _loss_of(output)
+            reporter.on_step(position.step, loss, position.examples)
+            self.guard.check_loss(position.step, loss)
             if every_eval and position.step % every_eval == 0:
-                summary.eval_metrics = {"step": position.step, **self.evaluate()}
-                reporter.on_eval(position.step, summary.eval_metrics)
+                self._evaluate(position.step, reporter, summary)
             if batches.stop_agreed:
                 logger.warning(
                     "stop requested (SIGTERM): checkpointing at step %d and exiting", position.step
@@ -153,6 +159,11 @@ class TrainJob:
             if every_ckpt and position.step % every_ckpt == 0:
                 summary.checkpoint = self._checkpoint(position, reporter)
 
+    def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        summary.eval_metrics = {"step": step, **self.evaluate()}
+        reporter.on_eval(step, summary.eval_metrics)
+        self.guard.check_eval(step, summary.eval_metrics)
+
     def _checkpoint(self, position: Position, reporter: ProgressReporter) -> Path | None:
         """Save ``position`` unless it is already saved (or checkpointing is off)."""
         if position.step == self._saved_step:
@@ -160,5 +171,6 @@ class TrainJob:
         path = checkpointing.save(self.config, self.training, self.env, position)
         self._saved_step = position.step
         if path is not None:
+            self.guard.saved(position.step)
             reporter.write({"event": "checkpoint", "step": position.step, "path": str(path)})
         return path

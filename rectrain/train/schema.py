@@ -153,7 +153,16 @@ def apply_overrides(raw: dict[str, Any], assignments: Iterable[str]) -> dict[str
                 where = ".".join(path[: i + 1])
                 raise ConfigError(f"--set {assignment!r}: {where} is a value, not a table")
         table[path[-1]] = value
+        # A run's length is steps or epochs: overriding one replaces the other the file set, so
+        # `--set train.steps=50` works on a config that says `epochs = 1` (and the reverse).
+        rival = _EXCLUSIVE.get(tuple(path))
+        if rival is not None:
+            table.pop(rival, None)
     return result
+
+
+# Keys of which a config gives at most one; an override of one drops the other.
+_EXCLUSIVE = {("train", "steps"): "epochs", ("train", "epochs"): "steps"}
 
 
 def _deep_copy(value: Any) -> Any:

@@ -62,6 +62,14 @@ class RankAgreement:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
         return flags[0].item() == 0, flags[1].item() == 1
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on some rank."""
+        if self._group is None:
+            return flag
+        flags = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+        return flags.item() == 1
+
 
 class AgreedBatches(Iterator[Batch]):
     """``batches`` that end on every rank as soon as one rank's end; ``stop_agreed`` once any rank stops."""

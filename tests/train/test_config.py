@@ -103,6 +103,24 @@ def test_overrides_set_values_as_toml_and_bare_words(tmp_path):
     assert parse_override('data.paths=["a.tsv", "b.tsv"]') == (["data", "paths"], ["a.tsv", "b.tsv"])
 
 
+@pytest.mark.parametrize(
+    ("text", "override", "expected"),
+    [
+        ("[train]\nepochs = 1\n", "train.steps=50", (50, None)),
+        ("[train]\nsteps = 5\n", "train.epochs=2", (None, 2)),
+        ("[train]\nsteps = 5\n", "train.steps=7", (7, None)),
+    ],
+)
+def test_run_length_override_replaces_the_files_steps_or_epochs(tmp_path, text, override, expected):
+    config = RunConfig.load(write(tmp_path, text), [override])
+    assert (config.train.steps, config.train.epochs) == expected
+
+
+def test_shipped_examples_accept_a_steps_override():
+    for path in sorted(Path(__file__).parents[2].joinpath("examples").glob("*.toml")):
+        assert RunConfig.load(path, ["train.steps=50"]).train.steps == 50, path.name
+
+
 def test_bad_overrides_are_reported(tmp_path):
     assert "train.steps: expected a positive int, got 'many'" in load_error(
         tmp_path, "[train]\nsteps = 5\n", ("train.steps=many",)

@@ -1,0 +1,79 @@
+"""Stop a run that diverged, before it saves the diverged state.
+
+Two signs, checked at the points where the loop already has the number: a training loss that is NaN or
+infinite (every step; one tiny all-reduce so every rank stops at the same step), and a held-out AUC that fell
+back to chance (``|auc - 0.5| < collapse_margin``) after an evaluation had shown the model learning (AUC at
+least ``0.5 + learned_margin``). Either raises ``TrainingDiverged`` naming the step and the fix; the caller
+then skips its checkpoint, so the last checkpoint on disk is the last good one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import Tensor
+
+from rectrain.errors import TrainingDiverged
+from rectrain.train.sync import RankAgreement
+
+logger = logging.getLogger(__name__)
+
+_FIX = "lower optimizer.sparse_lr / optimizer.dense_lr (or add warm-up: optimizer.warmup_steps)"
+
+
+class DivergenceGuard:
+    """``check_loss`` after every step, ``check_eval`` after every evaluation; both raise on divergence."""
+
+    def __init__(
+        self,
+        agreement: RankAgreement,
+        *,
+        last_good_step: int | None = None,
+        learned_margin: float = 0.05,
+        collapse_margin: float = 0.01,
+    ) -> None:
+        self._agreement = agreement
+        self.last_good_step = last_good_step
+        self.learned_margin, self.collapse_margin = learned_margin, collapse_margin
+        self._best_auc: float | None = None
+
+    def check_loss(self, step: int, loss: Tensor) -> None:
+        """Raise if ``loss`` (this rank's) or any other rank's loss at ``step`` is not finite."""
+        finite = bool(torch.isfinite(loss.detach()).all())
+        if self._agreement.any_rank(not finite):
+            value = "not finite on another rank" if finite else f"{float(loss.detach().float().sum())}"
+            self._raise(step, f"training loss is {value}")
+
+    def check_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """Raise if the held-out AUC is NaN, or back at chance after an evaluation above it."""
+        auc = metrics.get("auc")
+        if auc is None:
+            return
+        if not math.isfinite(auc):
+            self._raise(step, f"held-out AUC is {auc}")
+        learned = self._best_auc is not None and self._best_auc >= 0.5 + self.learned_margin
+        at_chance = abs(auc - 0.5) < self.collapse_margin
+        if learned and at_chance:
+            self._raise(step, f"held-out AUC collapsed to {auc:.4f} (it was {self._best_auc:.4f})")
+        if at_chance:  # never learned: a rate too high from the start looks like this (or labels are noise)
+            logger.warning(
+                "held-out AUC is %.4f at step %d: the model is not learning; if the data has signal, %s",
+                auc,
+                step,
+                _FIX,
+            )
+        self._best_auc = auc if self._best_auc is None else max(self._best_auc, auc)
+
+    def saved(self, step: int) -> None:
+        """A checkpoint of ``step`` was written (the one kept if the run diverges later)."""
+        self.last_good_step = step
+
+    def _raise(self, step: int, what: str) -> None:
+        kept = (
+            f"the last good checkpoint (step {self.last_good_step}) is kept"
+            if self.last_good_step is not None
+            else "nothing was saved"
+        )
+        raise TrainingDiverged(f"training diverged at step {step}: {what}; {kept}. Fix: {_FIX}")
