@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import print_machine
 
 from recserve.export import export_package, synthetic_sample
 from recserve.runtime import Predictor, read_manifest
@@ -143,6 +144,7 @@ def print_dense_variant(root: Path, args: argparse.Namespace, dense_dtype: str, 
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

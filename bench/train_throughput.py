@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from machine import print_machine
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
@@ -211,6 +212,7 @@ def measure(a: argparse.Namespace, repeat: int) -> tuple[float, float | None]:
 
 
 def main() -> None:
+    print_machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
