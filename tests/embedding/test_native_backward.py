@@ -113,3 +113,26 @@ def test_resume_across_kernels_is_exact_continuation() -> None:
 def test_bad_switch_names_the_field() -> None:
     with pytest.raises(ConfigError, match="cpu_backward"):
         FusedOptimizerConfig("sgd", cpu_backward="fast")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_sequence_lookup_matches_fbgemm(optimizer) -> None:
+    """Unpooled (EmbeddingCollection) lookups: one gradient row per id."""
+    tables = make_tables((8, 8, 8))
+    ours = build(tables, optimizer, PoolingMode.NONE, "native", 0.0)
+    theirs = build(tables, optimizer, PoolingMode.NONE, "fbgemm", 0.0)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        values, offsets, _ = make_batch(gen, tables, batch=5, weighted=False)
+        grad = torch.randn(values.numel(), 8, generator=gen)
+        for kernel in (ours, theirs):
+            kernel(values, offsets).backward(grad)
+        assert_same(ours, theirs)
+
+
+def test_instruction_override_counts_as_no_avx512(monkeypatch) -> None:
+    """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 makes FBGEMM run its AVX2 kernels; auto must then treat it as AVX2."""
+    from rectrain.embedding.native_backward import cpu_has_avx512
+
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    assert not cpu_has_avx512()
