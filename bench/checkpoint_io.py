@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from machine import print_machine
 
 from rectrain import CombinedOptimizer, EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.checkpoint import load_checkpoint, save_checkpoint, save_checkpoint_async
@@ -134,6 +135,7 @@ def bench(world_size: int, repeats: int, base: str | None) -> dict:
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)

@@ -1,5 +1,7 @@
 """EmbeddingBagCollection forward+backward (fused row-wise Adagrad) vs raw FBGEMM TBE and nn.EmbeddingBag.
 
+``rectrain ebc`` runs the backward ``auto`` picks on this machine; ``ebc native bwd`` and
+``ebc fbgemm bwd`` force either kernel (rectrain.embedding.native_backward).
 The standard workload's tables (bench/WORKLOAD.md): 8 tables x 100,000 rows x 64 dims, one feature each,
 1..39 ids per example per feature, batch 2048, lr 0.05. Each timed step runs the three variants back to back
 in a rotating order on the same pre-built batch, so machine noise hits them alike; the figure per variant
@@ -28,6 +30,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
     WeightDecayMode,
 )
+from machine import print_machine
 from torch import Tensor, nn
 
 from rectrain.embedding import EmbeddingBagCollection
@@ -44,14 +47,16 @@ def make_batch(args: argparse.Namespace, gen: torch.Generator) -> KeyedJaggedTen
     return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
 
 
-def ours(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
+def ours(args: argparse.Namespace, cpu_backward: str = "auto") -> Callable[[KeyedJaggedTensor, Tensor], None]:
     tables = [
         EmbeddingBagConfig(
             name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]
         )
         for i in range(args.tables)
     ]
-    ebc = EmbeddingBagCollection(tables, fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=LR))
+    ebc = EmbeddingBagCollection(
+        tables, fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=LR, cpu_backward=cpu_backward)
+    )
 
     def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
         ebc(kjt).values().backward(grad)
@@ -118,6 +123,7 @@ def time_variants(
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=8)
     parser.add_argument("--rows", type=int, default=100_000)
@@ -129,6 +135,8 @@ def main() -> None:
     torch.manual_seed(0)
     variants = {
         "rectrain ebc": ours(args),
+        "ebc native bwd": ours(args, "native"),
+        "ebc fbgemm bwd": ours(args, "fbgemm"),
         "raw fbgemm tbe": raw_fbgemm(args),
         "nn.EmbeddingBag": embedding_bags(args),
     }
@@ -142,7 +150,9 @@ def main() -> None:
     print(
         f"nn.EmbeddingBag + sparse Adagrad vs raw fbgemm {ms['nn.EmbeddingBag'] / ms['raw fbgemm tbe']:.2f}"
     )
-    print(f"rectrain ebc fwd+bwd overhead vs raw fbgemm {ms['rectrain ebc'] / ms['raw fbgemm tbe']:.3f}")
+    for name in ("ebc native bwd", "ebc fbgemm bwd"):
+        print(f"{name} fwd+bwd vs raw fbgemm {ms[name] / ms['raw fbgemm tbe']:.3f}")
+    print(f"rectrain ebc (auto kernel) fwd+bwd vs raw fbgemm {ms['rectrain ebc'] / ms['raw fbgemm tbe']:.3f}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ batch size, on the peer script's request (ids per feature uniform 1..39, ids uni
     .venv/bin/python bench/infer_throughput.py --dtype int8 --batch 512 [--dtypes int8,int4,fp16,fp32]
         [--batches 1,64,512,2048] [--seconds 1.0] [--repeats 3] [--no-peer] [--compile]
 
-The peer, ``/work/shared/bench/peer_torchrec_infer.py`` (TorchRec's quantized DLRM, its venv built by
-setup_peer.sh on first use), runs ``--repeats`` times alternating with our run at ``--dtype`` and
+The peer, ``bench/torchrec_reference.py infer`` (TorchRec's quantized DLRM, its venv built by
+scripts/torchrec_venv.sh on first use), runs ``--repeats`` times alternating with our run at ``--dtype`` and
 ``--batch``; each side reports its best run (on a shared machine other load only slows a run down).
 ``--compile`` also times the dense part under ``torch.compile``; ``--dense-dtypes bf16`` (the default) also
 times the ``--dtype`` package with a bf16 dense part (on CPUs with AVX512-BF16 or AMX, oneDNN runs it much
@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import torch
+from machine import print_machine
+from torchrec_reference import venv_python
 
 from recserve.export import export_package, synthetic_sample
 from recserve.runtime import Predictor, read_manifest
@@ -37,7 +39,7 @@ from rectrain.models import build_model
 from rectrain.models.config import ModelConfig
 
 T, E, D, DENSE, L = 8, 100_000, 64, 13, 20
-SHARED_BENCH = Path(os.environ.get("RECTRAIN_SHARED_BENCH", "/work/shared/bench"))
+BENCH = Path(__file__).resolve().parent
 
 
 def workload_config() -> ModelConfig:
@@ -78,11 +80,8 @@ def examples_per_second(predictor: Predictor, batch: int, seconds: float) -> flo
 
 def peer_examples_per_second(batch: int) -> float | None:
     try:
-        venv = subprocess.run(
-            ["bash", str(SHARED_BENCH / "setup_peer.sh")], check=True, capture_output=True, text=True
-        ).stdout.strip()
         out = subprocess.run(
-            [f"{venv}/bin/python", str(SHARED_BENCH / "peer_torchrec_infer.py"), "--batch", str(batch)],
+            [venv_python(), str(BENCH / "torchrec_reference.py"), "infer", "--batch", str(batch)],
             check=True,
             capture_output=True,
             text=True,
@@ -143,6 +142,7 @@ def print_dense_variant(root: Path, args: argparse.Namespace, dense_dtype: str, 
 
 
 def main() -> None:
+    print_machine()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

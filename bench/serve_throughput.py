@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import print_machine
 
 from recserve.client import PredictorClient
 from recserve.client.loadgen import LoadgenConfig, format_table, run_loadgen, sweep
@@ -97,6 +98,7 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
 
 
 def main() -> None:
+    print_machine()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--duration", type=float, default=10.0)

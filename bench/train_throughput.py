@@ -1,6 +1,6 @@
 """Training throughput of our DLRM under DistributedModelParallel on the standard workload (WORKLOAD.md).
 
-Mirrors /work/shared/bench/peer_torchrec_train.py step for step: the same batches (a generator seeded
+Mirrors bench/torchrec_reference.py (train) step for step: the same batches (a generator seeded
 ``1000 * rank + step``, 4 cached per rank), 3 warm-up steps, then ``--steps`` timed steps between barriers;
 gloo, one spawned process per rank, ``cores // world_size`` threads each. Ranks meet through a FileStore in a
 temp dir (no port). The planner picks the plan; tables use fused row-wise Adagrad (lr 0.05), the dense part
@@ -15,8 +15,9 @@ in flight during this batch's compute), and prints both and their ratio; the las
 figure. Without it the step is the hand-written loop the TorchRec script runs.
 ``--repeats N`` alternates N runs of each and reports each one's best run: on a shared machine other load only
 ever slows a run down, so the fastest is the least disturbed.
-``--compare`` also runs the TorchRec reference (in its own venv, built by setup_peer.sh on first use) and the
-compute bound (compute_bound.py), prints them and the ratios. ``--profile`` profiles rank 0 over extra steps
+``--compare`` also runs the TorchRec reference (bench/torchrec_reference.py, in its own venv built by
+scripts/torchrec_venv.sh on first use) and the compute bound (compute_bound.py), prints them and the
+ratios. ``--profile`` profiles rank 0 over extra steps
 after timing (torch.profiler op table, then cProfile's top Python functions). The last line is always
 ``rectrain train examples/s <global examples per second>``.
 """
@@ -39,6 +40,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from machine import print_machine
+from torchrec_reference import venv_python
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
@@ -47,7 +50,7 @@ from rectrain.train import TrainPipelineBase, TrainPipelineSparseDist
 
 T, E, D, DENSE, B, L = 8, 100_000, 64, 13, 2048, 20
 LR = 0.05
-SHARED_BENCH = Path(os.environ.get("RECTRAIN_SHARED_BENCH", "/work/shared/bench"))
+BENCH = Path(__file__).resolve().parent
 
 
 def make_batch(rank: int, step: int) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
@@ -185,10 +188,9 @@ def _stdout(cmd: list[str]) -> str:
 
 def compare(ws: int, steps: int) -> tuple[float, float]:
     """(TorchRec examples/s at this world size, compute bound examples/s), each measured now."""
-    venv = _stdout(["bash", str(SHARED_BENCH / "setup_peer.sh")]).strip().splitlines()[-1]
-    peer_script = str(SHARED_BENCH / "peer_torchrec_train.py")
-    peer = _stdout([f"{venv}/bin/python", peer_script, "--world-size", str(ws), "--steps", str(steps)])
-    bound = _stdout([sys.executable, str(SHARED_BENCH / "compute_bound.py")])
+    reference = str(BENCH / "torchrec_reference.py")
+    peer = _stdout([venv_python(), reference, "train", "--world-size", str(ws), "--steps", str(steps)])
+    bound = _stdout([sys.executable, str(BENCH / "compute_bound.py")])
     return last_number(peer, "torchrec train examples/s"), last_number(bound, "compute bound examples/s")
 
 
@@ -211,6 +213,7 @@ def measure(a: argparse.Namespace, repeat: int) -> tuple[float, float | None]:
 
 
 def main() -> None:
+    print_machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)

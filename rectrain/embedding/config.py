@@ -118,8 +118,13 @@ class FusedOptimizerConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
+    # CPU backward of SGD/Adagrad/row-wise Adagrad: "fbgemm", "native" (rectrain.embedding.native_backward)
+    # or "auto" (per machine; the RECTRAIN_CPU_BACKWARD environment variable overrides "auto").
+    cpu_backward: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cpu_backward not in ("auto", "fbgemm", "native"):
+            raise ConfigError(f"cpu_backward must be auto, fbgemm or native; got {self.cpu_backward!r}")
         if isinstance(self.optimizer, str):
             try:
                 self.optimizer = EmbOptimType(self.optimizer.lower())

@@ -34,6 +34,7 @@ from rectrain.embedding.config import (
     PoolingType,
 )
 from rectrain.embedding.cpu_adam import CpuAdamLookup
+from rectrain.embedding.native_backward import NativeFusedLookup, use_native_backward
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class FusedTableBatch:
             _check_dim(table)
         precisions = {_precision(table) for table in self.tables}
         assert len(precisions) == 1, "tables of one TBE must share a data_type (see group_tables)"
+        precisions_used = next(iter(precisions))
         cpu_adam = optimizer.optimizer is EmbOptimType.ADAM and device.type == "cpu"
         location, compute_device = _placement(device)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
@@ -135,6 +137,8 @@ class FusedTableBatch:
             table_names=[t.name for t in self.tables],
         )
         self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
+        native = not cpu_adam and use_native_backward(optimizer, device, precisions_used)
+        self._native = NativeFusedLookup(self.tbe, optimizer) if native else None
         logger.debug(
             "TBE over tables %s: optimizer %s, pooling %s, device %s",
             [t.name for t in self.tables],
@@ -161,6 +165,8 @@ class FusedTableBatch:
     def _lookup(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> Tensor:
         if self._cpu_adam is not None:
             return self._cpu_adam(indices, offsets, per_sample_weights)
+        if self._native is not None and torch.is_grad_enabled():
+            return self._native(indices, offsets, per_sample_weights)
         return self.tbe(indices, offsets, per_sample_weights)
 
     def _find_out_of_range_id(self, indices: Tensor, offsets: Tensor) -> ValueError | None:
