@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import IterableDataset
 
-from rectrain.datasets.batching import make_batch, one_id_per_example
+from rectrain.datasets.batching import batch_from_arrays, make_batch, one_id_per_example
 from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
 from rectrain.datasets.sharding import check_rank, current_shard
 from rectrain.errors import ConfigError
@@ -36,6 +36,7 @@ DEFAULT_CAT_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 MISSING_ID = 0
 MAX_HEX_DIGITS = 64  # Criteo's are 8; a longer string is garbage, and int(., 16) of it costs its length
 _HEX = frozenset(string.hexdigits)
+PARSERS = ("columns", "lines")
 
 
 @dataclass
@@ -44,6 +45,8 @@ class CriteoConfig:
 
     ``num_embeddings``: rows of each categorical table (one int for all 26, or 26 ints), >= 2 since row 0 is
     reserved for missing values. ``strict``: raise on the first malformed row instead of skipping it.
+    ``parser``: ``"columns"`` parses blocks of lines with NumPy (``criteo_columns``); ``"lines"`` parses one
+    line at a time in Python (the reference: both give the same batches and report the same bad rows).
     """
 
     paths: list[str]
@@ -52,6 +55,7 @@ class CriteoConfig:
     drop_last: bool = False
     strict: bool = False
     cat_feature_names: list[str] = field(default_factory=lambda: list(DEFAULT_CAT_NAMES))
+    parser: str = "columns"
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):
@@ -60,6 +64,8 @@ class CriteoConfig:
             raise ConfigError("CriteoConfig.paths is empty; give at least one .tsv or .tsv.gz file")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"CriteoConfig.batch_size must be an int >= 1, got {self.batch_size!r}")
+        if self.parser not in PARSERS:
+            raise ConfigError(f"CriteoConfig.parser must be one of {PARSERS}, got {self.parser!r}")
         if len(self.cat_feature_names) != NUM_SPARSE:
             raise ConfigError(f"CriteoConfig.cat_feature_names needs {NUM_SPARSE} names")
         rows = self.table_rows()
@@ -133,6 +139,11 @@ class CriteoDataset(IterableDataset):
             yield from iter_rows(path, self._parse, shard, self.stats, strict=self.config.strict)
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.config.parser == "lines":
+            return self._line_batches()
+        return self._column_batches()
+
+    def _line_batches(self) -> Iterator[Batch]:
         keys = self.config.cat_feature_names
         for chunk in batched(self._rows_of_shard(), self.config.batch_size, self.config.drop_last):
             labels, dense, ids = zip(*chunk)
@@ -144,3 +155,15 @@ class CriteoDataset(IterableDataset):
                 lengths=lengths,
                 labels=torch.tensor(labels, dtype=torch.float32),
             )
+
+    def _column_batches(self) -> Iterator[Batch]:
+        from rectrain.datasets.criteo_columns import iter_criteo_columns, rebatch
+
+        cfg, shard = self.config, current_shard(self.rank, self.world_size)
+        chunks = (
+            chunk
+            for path in cfg.paths
+            for chunk in iter_criteo_columns(path, self._rows, shard, self.stats, strict=cfg.strict)
+        )
+        for rows in rebatch(chunks, cfg.batch_size, cfg.drop_last):
+            yield batch_from_arrays(cfg.cat_feature_names, rows.labels, rows.dense, rows.ids.T)

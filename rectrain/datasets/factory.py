@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from torch.utils.data import IterableDataset
 
+from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset
 from rectrain.datasets.criteo import CriteoConfig, CriteoDataset
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset
 from rectrain.datasets.synthetic import SyntheticConfig, SyntheticDataset
 from rectrain.errors import ConfigError
 
-DatasetConfig = SyntheticConfig | CriteoConfig | MovieLensConfig
+DatasetConfig = SyntheticConfig | CriteoConfig | MovieLensConfig | ColumnarConfig
 
 
 def build_dataset(config: DatasetConfig, rank: int = 0, world_size: int = 1) -> IterableDataset:
@@ -23,7 +24,9 @@ def build_dataset(config: DatasetConfig, rank: int = 0, world_size: int = 1) -> 
         return CriteoDataset(config, rank, world_size)
     if isinstance(config, MovieLensConfig):
         return MovieLensDataset(config, rank, world_size)
+    if isinstance(config, ColumnarConfig):
+        return ColumnarDataset(config, rank, world_size)
     raise ConfigError(
         f"build_dataset: unknown config type {type(config).__name__}; "
-        "expected SyntheticConfig, CriteoConfig or MovieLensConfig"
+        "expected SyntheticConfig, CriteoConfig, MovieLensConfig or ColumnarConfig"
     )

@@ -96,6 +96,43 @@ def open_text(path: str | Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", errors="replace", newline="")
 
 
+class RowPolicy:
+    """The malformed-row policy for one file and reader: raise (``strict``) or warn, count and skip.
+
+    Warnings go out for the first ``MAX_WARNINGS_PER_FILE`` skipped rows, then one line says the rest are
+    only counted. Every reader of text rows (line by line or vectorised) reports through this.
+    """
+
+    def __init__(self, path: str | Path, stats: RowStats, strict: bool) -> None:
+        self.path, self.stats, self.strict = path, stats, strict
+        self.warned = 0
+
+    def bad_row(self, line: int, error: RowError) -> None:
+        """Line ``line`` (1-based) is malformed: raise ``MalformedRowError`` or count and warn."""
+        if self.strict:
+            raise MalformedRowError(str(self.path), line, error.column, str(error)) from None
+        self.stats.skip(error.column)
+        self.warned += 1
+        if self.warned <= MAX_WARNINGS_PER_FILE:
+            logger.warning("skipping %s:%d: column %s: %s", self.path, line, error.column, error)
+        if self.warned == MAX_WARNINGS_PER_FILE:
+            logger.warning("%s: further skipped rows are counted without a warning each", self.path)
+
+    def file_done(self, shard: ShardInfo) -> None:
+        """Log the reader's counts when the file had skipped rows."""
+        stats = self.stats
+        if stats.rows_skipped:
+            logger.info(
+                "%s (shard %d/%d): %d rows read, %d skipped so far (by column: %s)",
+                self.path,
+                shard.index,
+                shard.num_shards,
+                stats.rows_read,
+                stats.rows_skipped,
+                dict(stats.skipped_by_column),
+            )
+
+
 def iter_rows(
     path: str | Path,
     parse: Callable[[str], T | None],
@@ -106,7 +143,7 @@ def iter_rows(
 ) -> Iterator[T]:
     """Parsed rows of ``path`` owned by ``shard``; ``parse`` returns ``None`` for a row to pass over silently
     (a header), raises ``RowError`` for a malformed one."""
-    warned = 0
+    policy = RowPolicy(path, stats, strict)
     with open_text(path) as f:
         for index, line in enumerate(f):
             if not shard.owns(index):
@@ -114,28 +151,12 @@ def iter_rows(
             try:
                 row = parse(line.rstrip("\r\n"))
             except RowError as e:
-                if strict:
-                    raise MalformedRowError(str(path), index + 1, e.column, str(e)) from None
-                stats.skip(e.column)
-                warned += 1
-                if warned <= MAX_WARNINGS_PER_FILE:
-                    logger.warning("skipping %s:%d: column %s: %s", path, index + 1, e.column, e)
-                if warned == MAX_WARNINGS_PER_FILE:
-                    logger.warning("%s: further skipped rows are counted without a warning each", path)
+                policy.bad_row(index + 1, e)
                 continue
             if row is not None:
                 stats.rows_read += 1
                 yield row
-    if stats.rows_skipped:
-        logger.info(
-            "%s (shard %d/%d): %d rows read, %d skipped so far (by column: %s)",
-            path,
-            shard.index,
-            shard.num_shards,
-            stats.rows_read,
-            stats.rows_skipped,
-            dict(stats.skipped_by_column),
-        )
+    policy.file_done(shard)
 
 
 def batched(rows: Iterator[T], batch_size: int, drop_last: bool) -> Iterator[list[T]]:

@@ -21,8 +21,10 @@ from rectrain.datasets import CriteoConfig, MovieLensConfig, SyntheticConfig, bu
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, NUM_DENSE
 from rectrain.datasets.factory import DatasetConfig
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
+from rectrain.datasets.prefetch import Prefetcher
 from rectrain.errors import ConfigError, RecTrainError
 from rectrain.models.batch import Batch
+from rectrain.train.columnar_data import columnar_dataset_config
 from rectrain.train.config import RunConfig
 
 
@@ -41,7 +43,7 @@ class RunData:
         if isinstance(dataset_config, SyntheticConfig) and data.num_workers == 0:
             return _synthetic_stream(self.config, dataset_config, self.rank, self.world_size, start_step)
         dataset = build_dataset(dataset_config, self.rank, self.world_size)
-        stream = _epochs(dataset, data.num_workers, train.epochs, self.config.source)
+        stream = _epochs(dataset, data.num_workers, data.prefetch, train.epochs, self.config.source)
         if _holds_out_batches(self.config):
             k = data.holdout_every
             stream = (b for i, b in enumerate(stream) if i % k != k - 1)
@@ -56,7 +58,7 @@ class RunData:
             return iter(dataset)
         paths = data.eval_paths or data.paths
         dataset = build_dataset(_dataset_config(self.config, paths), self.rank, self.world_size)
-        stream: Iterable[Batch] = _loader(dataset, data.num_workers)
+        stream: Iterable[Batch] = _loader(dataset, data.num_workers, data.prefetch)
         if _holds_out_batches(self.config):
             k = data.holdout_every
             stream = (b for i, b in enumerate(stream) if i % k == k - 1)
@@ -67,10 +69,12 @@ def _holds_out_batches(config: RunConfig) -> bool:
     return config.data.source != "synthetic" and not config.data.eval_paths
 
 
-def _loader(dataset: IterableDataset, num_workers: int) -> Iterable[Batch]:
+def _loader(dataset: IterableDataset, num_workers: int, prefetch: int) -> Iterable[Batch]:
+    """One pass over ``dataset``: read ahead by a thread, or by DataLoader worker processes."""
     if num_workers == 0:
-        return dataset
-    return _from_workers(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+        return Prefetcher(dataset, prefetch) if prefetch else dataset
+    depth = {"prefetch_factor": prefetch} if prefetch else {}
+    return _from_workers(DataLoader(dataset, batch_size=None, num_workers=num_workers, **depth))
 
 
 def _from_workers(loader: DataLoader) -> Iterator[Batch]:
@@ -89,11 +93,15 @@ def _from_workers(loader: DataLoader) -> Iterator[Batch]:
         raise RecTrainError(f"malformed row (strict): {message}") from None
 
 
-def _epochs(dataset: IterableDataset, num_workers: int, epochs: int | None, source: str) -> Iterator[Batch]:
+def _epochs(
+    dataset: IterableDataset, num_workers: int, prefetch: int, epochs: int | None, source: str
+) -> Iterator[Batch]:
     passes = range(epochs) if epochs is not None else itertools.count()
     for epoch in passes:
+        if hasattr(dataset, "set_epoch"):  # a shuffled order is drawn per epoch
+            dataset.set_epoch(epoch)
         empty = True
-        for batch in _loader(dataset, num_workers):
+        for batch in _loader(dataset, num_workers, prefetch):
             empty = False
             yield batch
         if empty:
@@ -125,6 +133,8 @@ def _dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
     data, model, src = config.data, config.model, config.source
     rows = feature_rows(config)
     batch_size = config.train.batch_size
+    if data.source in ("converted", "parquet"):
+        return columnar_dataset_config(config, paths, rows)
     if data.source == "synthetic":
         names = [f"cat_{i}" for i in range(len(rows))]
         _require_features(src, "synthetic data", names, rows, exact=True)
@@ -175,3 +185,8 @@ def _require_features(source: str, what: str, names: list[str], rows: dict[str, 
             + (f"; missing {missing}" if missing else "")
             + (f"; unknown {extra}" if extra else "")
         )
+
+
+def file_dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
+    """The dataset config of ``config``'s source reading ``paths``, sized from the model's tables."""
+    return _dataset_config(config, paths)

@@ -1,0 +1,147 @@
+"""``rectrain bench --data FILE``: training throughput with the real reader against in-memory batches.
+
+One model, one run: the same model trains in turn on synthetic batches held in memory (no data cost: the
+model's speed; when the model's features suit the synthetic source), on FILE's first batches held in memory
+(the same, with the file's id distribution), and on FILE through the reader a training run uses (prefetch
+thread or DataLoader workers, as ``[data]`` says), ``--rounds`` times each, interleaved so that other load
+on the machine falls on all of them. Each rate is also given as a fraction of the first. The in-memory
+streams hold as many distinct batches as a round's steps (up to 64), so that their embedding rows are not
+kept hot in the CPU caches by a handful of batches repeated (the plain ``rectrain bench`` repeats 4).
+
+FILE's source: a directory or manifest.json of converted data -> ``converted``; ``*.parquet`` -> ``parquet``
+(columns from ``[data]``); otherwise the config's text source, or by extension (``.dat``/``.csv`` ->
+``movielens``, else ``criteo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from rectrain.distributed import ShardingEnv
+from rectrain.errors import ConfigError
+from rectrain.models.batch import Batch
+from rectrain.train.config import RunConfig
+from rectrain.train.data import RunData
+from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
+
+_MAX_HELD = 64  # distinct in-memory batches per stream (a few would keep their rows hot in the CPU caches)
+
+
+def infer_source(path: str, configured: str) -> str:
+    """The data source that reads ``path`` (see the module doc)."""
+    p = Path(path)
+    if p.is_dir() or p.name == "manifest.json":
+        return "converted"
+    if p.suffix == ".parquet":
+        return "parquet"
+    if configured in ("criteo", "movielens"):
+        return configured
+    suffixes = [s for s in p.suffixes if s != ".gz"]
+    return "movielens" if suffixes and suffixes[-1] in (".dat", ".csv") else "criteo"
+
+
+def data_config(config: RunConfig, path: str) -> RunConfig:
+    """``config`` training on ``path`` with no end (the epochs repeat) and no batches held out."""
+    if not Path(path).exists():
+        raise ConfigError(f"rectrain bench --data: {path} does not exist")
+    data = replace(
+        config.data, source=infer_source(path, config.data.source), paths=[path], eval_paths=[path]
+    )
+    train = replace(config.train, epochs=None, steps=None)  # endless: epochs repeat while the bench runs
+    return replace(config, data=data, train=train)
+
+
+def _synthetic_batches(config: RunConfig, rank: int, world_size: int, count: int) -> list[Batch] | None:
+    """Synthetic batches shaped for the model, if the synthetic source can make them (features cat_0..)."""
+    synthetic = replace(config, data=replace(config.data, source="synthetic", paths=[], eval_paths=[]))
+    try:
+        stream = RunData(synthetic, rank, world_size).train_batches()
+    except ConfigError:
+        return None
+    return list(itertools.islice(stream, count))
+
+
+@dataclass
+class _Stream:
+    name: str
+    batches: Iterator[Batch]
+    pipeline: TrainPipelineBase
+    seconds: float = 0.0
+    steps: int = 0
+
+
+def _barrier(env: ShardingEnv | None) -> None:
+    if env is not None and env.pg is not None:
+        torch.distributed.barrier(group=env.pg)
+
+
+def _time(stream: _Stream, steps: int, env: ShardingEnv | None) -> None:
+    _barrier(env)
+    start = time.perf_counter()
+    for _ in range(steps):
+        stream.pipeline.progress(stream.batches)
+    _barrier(env)
+    stream.seconds += time.perf_counter() - start
+    stream.steps += steps
+
+
+def run_data_bench(config: RunConfig, args: argparse.Namespace, env: ShardingEnv | None) -> list[str]:
+    """Time both streams on this rank; the lines rank 0 prints."""
+    from rectrain.train.job import TrainJob
+
+    real_config = data_config(config, args.data)
+    job = TrainJob(real_config, env, progress_bar=False)
+    rank, world_size = job.rank, job.world_size
+    real = job.data.train_batches()
+    held = min(args.steps, _MAX_HELD)
+    cached_real = list(itertools.islice(job.data.train_batches(), held))
+    synthetic = _synthetic_batches(real_config, rank, world_size, held)
+    pipeline_type = TrainPipelineSparseDist if config.train.pipeline else TrainPipelineBase
+    t = job.training
+
+    def stream(name: str, batches: Iterator[Batch]) -> _Stream:
+        return _Stream(name, batches, pipeline_type(t.model, t.optimizer, t.device))
+
+    streams = [stream("FILE's first batches, in memory", _cycle(cached_real))]
+    if synthetic is not None:
+        streams.insert(0, stream("synthetic batches, in memory", _cycle(synthetic)))
+    streams.append(stream(f"{args.data} through the {real_config.data.source} reader", real))
+    for s in streams:
+        for _ in range(args.warmup):
+            s.pipeline.progress(s.batches)
+    for _ in range(args.rounds):
+        for s in streams:
+            _time(s, args.steps, env)
+    return _report(streams, config, args, world_size)
+
+
+def _cycle(batches: list[Batch]) -> Iterator[Batch]:
+    return (batches[i % len(batches)] for i in itertools.count())
+
+
+def _report(
+    streams: list[_Stream], config: RunConfig, args: argparse.Namespace, world_size: int
+) -> list[str]:
+    examples = config.train.batch_size * world_size
+    rates = [s.steps * examples / s.seconds for s in streams]
+    mode = "pipelined" if config.train.pipeline else "plain"
+    lines = [
+        f"{args.rounds} rounds x {args.steps} steps ({mode}) of {config.train.batch_size} examples x "
+        f"{world_size} ranks, the streams in turn:"
+    ]
+    lines += [f"  {s.name}: {r:,.0f} examples/s ({r / rates[0]:.1%})" for s, r in zip(streams, rates)]
+    lines.append(f"rectrain bench baseline examples/s {rates[0]:.0f}")
+    if len(streams) == 3:
+        lines.append(f"rectrain bench cached examples/s {rates[1]:.0f}")
+    lines += [
+        f"rectrain bench data examples/s {rates[-1]:.0f}",
+        f"rectrain bench data/baseline {rates[-1] / rates[0]:.3f}",
+    ]
+    return lines
