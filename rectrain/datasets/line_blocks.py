@@ -87,20 +87,25 @@ def split_lines(data: bytes | bytearray, first_line: int) -> LineBlock:
 
 def iter_line_blocks(path: str | Path, block_bytes: int = DEFAULT_BLOCK_BYTES) -> Iterator[LineBlock]:
     """``path`` as consecutive ``LineBlock``s of about ``block_bytes`` each (longer if a line is)."""
+    with open_binary(path) as f:
+        yield from line_blocks_of(f, block_bytes)
+
+
+def line_blocks_of(stream: BinaryIO, block_bytes: int) -> Iterator[LineBlock]:
+    """The lines of a binary stream as ``LineBlock``s, reading ``block_bytes`` at a time."""
     first_line = 0
     carry = b""
-    with open_binary(path) as f:
-        while True:
-            chunk = f.read(block_bytes)
-            data = carry + chunk if carry else chunk
-            cut = _cut(data, at_eof=not chunk)
-            if cut == 0:
-                if not chunk:
-                    return
-                carry = data  # a line longer than a block: read on
-                continue
-            block = split_lines(data[:cut], first_line)
-            first_line += len(block)
-            carry = data[cut:]
-            if len(block):
-                yield block
+    while True:
+        chunk = stream.read(block_bytes)
+        data = carry + chunk if carry else chunk
+        cut = _cut(data, at_eof=not chunk)
+        if cut == 0:
+            if not chunk:
+                return
+            carry = data  # a line longer than a block: read on
+            continue
+        block = split_lines(data[:cut], first_line)
+        first_line += len(block)
+        carry = data[cut:]
+        if len(block):
+            yield block

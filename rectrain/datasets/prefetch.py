@@ -54,7 +54,9 @@ class Prefetcher(Iterator[T], Generic[T]):
         self._stop.set()
 
     def __del__(self) -> None:
-        self._stop.set()
+        stop = getattr(self, "_stop", None)  # absent when __init__ refused its arguments
+        if stop is not None:
+            stop.set()
 
 
 def _put(q: queue.Queue, stop: threading.Event, message: tuple[int, object]) -> bool:
