@@ -160,8 +160,10 @@ def test_bench_with_data_times_the_reader_against_in_memory_batches(tmp_path, ca
             == 0
         )
         out = capsys.readouterr().out.splitlines()
-        assert out[0] == "2 rounds x 2 steps (pipelined) of 16 examples x 1 ranks, the streams in turn:"
-        assert out[1].startswith("  synthetic batches, in memory: ") and out[1].endswith("(100.0%)")
+        assert out[0].startswith(
+            "2 rounds x 2 steps (pipelined) of 16 examples x 1 ranks, the streams in turn"
+        )
+        assert out[1].startswith("  synthetic batches, in memory: ") and "(100.0%)" in out[1]
         assert out[3].startswith(f"  {data} through the {reader} reader: ")
         assert re.fullmatch(r"rectrain bench data/baseline \d+\.\d{3}", out[-1])
     assert main(["bench", *config, "--data", str(tmp_path / "missing.tsv")]) == 2

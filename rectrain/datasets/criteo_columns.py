@@ -195,7 +195,7 @@ def parse_block(block: LineBlock, shard: ShardInfo, rows: Sequence[int]) -> Pars
     """The rows of ``block`` that ``shard`` owns, parsed; lines the fast path leaves go through the exact
     line parser."""
     numbers = block.first_line + np.arange(len(block))
-    lines = np.flatnonzero(numbers % shard.num_shards == shard.index)
+    lines = np.flatnonzero(shard.owns_each(numbers))
     modulus = np.asarray(rows, dtype=np.uint64) - _U(1)
     taken, labels, dense, ids = _fast_rows(block, lines, modulus)
     if len(taken) == len(lines):

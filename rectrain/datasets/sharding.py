@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from torch.utils.data import get_worker_info
 
 from rectrain.errors import ConfigError
@@ -25,6 +26,10 @@ class ShardInfo:
     def owns(self, item: int) -> bool:
         """Whether item number ``item`` (0-based line or batch index) belongs to this reader."""
         return item % self.num_shards == self.index
+
+    def owns_each(self, items: np.ndarray) -> np.ndarray:
+        """``owns`` of every item number in ``items`` (a boolean mask), for readers that work in blocks."""
+        return items % self.num_shards == self.index
 
 
 def check_rank(rank: int, world_size: int) -> None:
