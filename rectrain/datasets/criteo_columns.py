@@ -10,8 +10,8 @@ bit arithmetic (SWAR: eight characters per integer operation). The fast path tak
 
 Any other line (a wrong column count, spaces, 17+ digits, non-ASCII, ...) goes to ``parse_criteo_line``, which
 accepts it or raises the ``RowError`` the line-by-line reader reports, so both readers keep the same rows with
-the same values and report the same malformed lines. ``log1p`` uses a table computed with ``math.log1p`` (and
-``math.log1p`` itself past it), so dense values are bitwise those of the line-by-line reader.
+the same values and report the same malformed lines. Dense values are bitwise those of the line-by-line
+reader (``log1p_exact``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +35,7 @@ _ZERO_CHARS, _LOWER = _U(0x3030303030303030), _U(0x2020202020202020)
 # KEEP[n]: the last n bytes of a little-endian word (the n characters that end a field).
 _KEEP = np.array([0] + [((1 << 8 * n) - 1) << 8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
 _TABS = NUM_DENSE + NUM_SPARSE  # tabs in a line of 40 columns
-_LOG1P_TABLE_SIZE = 1 << 20
+_ULPS_WINDOW = 2.0**-49  # 8 float64 ulps, relative
 _MAX_FAST_DIGITS = 16
 
 
@@ -63,19 +62,20 @@ class ParsedBlock:
     errors: list[tuple[int, RowError, int]]
 
 
-@lru_cache(maxsize=1)
-def _log1p_table() -> np.ndarray:
-    return np.array([math.log1p(x) for x in range(_LOG1P_TABLE_SIZE)], dtype=np.float64).astype(np.float32)
-
-
 def log1p_exact(values: np.ndarray) -> np.ndarray:
-    """float32(math.log1p(x)) of non-negative int64 ``values``, as the line-by-line reader computes it."""
-    table = _log1p_table()
-    small = values < _LOG1P_TABLE_SIZE
-    out = table[np.where(small, values, 0)]
-    if not small.all():
-        big = np.flatnonzero(~small)
-        out[big] = np.array([math.log1p(int(x)) for x in values[big]], dtype=np.float64)
+    """float32(math.log1p(x)) of non-negative int64 ``values``, as the line-by-line reader computes it.
+
+    NumPy's log1p may differ from the C library's in the last bits of a float64, which changes the float32
+    only when the value sits at a float32 rounding boundary: those few (where a window of +-8 float64 ulps
+    rounds two ways) are recomputed with ``math.log1p``.
+    """
+    exact = np.log1p(values.astype(np.float64))
+    out = exact.astype(np.float32)
+    low = (exact * (1 - _ULPS_WINDOW)).astype(np.float32)
+    high = (exact * (1 + _ULPS_WINDOW)).astype(np.float32)
+    unsure = np.flatnonzero((low != out) | (high != out))
+    if len(unsure):
+        out[unsure] = np.array([math.log1p(int(x)) for x in values[unsure]], dtype=np.float64)
     return out
 
 
