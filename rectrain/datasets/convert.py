@@ -55,7 +55,7 @@ class ConvertResult:
 def _criteo_rows(config: CriteoConfig, stats: RowStats) -> Iterator[Rows]:
     rows = config.table_rows()
     for path in config.paths:
-        for block in iter_criteo_columns(path, rows, _ALL, stats, strict=config.strict):
+        for block in iter_criteo_columns(path, rows, _ALL.owns_each, stats, strict=config.strict):
             yield block.labels, block.dense, block.ids
 
 

@@ -163,7 +163,7 @@ class CriteoDataset(IterableDataset):
         chunks = (
             chunk
             for path in cfg.paths
-            for chunk in iter_criteo_columns(path, self._rows, shard, self.stats, strict=cfg.strict)
+            for chunk in iter_criteo_columns(path, self._rows, shard.owns_each, self.stats, strict=cfg.strict)
         )
         for rows in rebatch(chunks, cfg.batch_size, cfg.drop_last):
             yield batch_from_arrays(cfg.cat_feature_names, rows.labels, rows.dense, rows.ids.T)

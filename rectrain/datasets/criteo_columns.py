@@ -17,7 +17,7 @@ reader (``log1p_exact``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,6 @@ import numpy as np
 from rectrain.datasets.criteo import NUM_DENSE, NUM_SPARSE, parse_criteo_line
 from rectrain.datasets.line_blocks import DEFAULT_BLOCK_BYTES, LineBlock, iter_line_blocks
 from rectrain.datasets.rows import RowError, RowPolicy, RowStats
-from rectrain.datasets.sharding import ShardInfo
 
 _U = np.uint64
 _M8, _M16, _M32 = _U(0x00FF00FF00FF00FF), _U(0x0000FFFF0000FFFF), _U(0xFFFFFFFF)
@@ -35,23 +34,27 @@ _ZERO_CHARS, _LOWER = _U(0x3030303030303030), _U(0x2020202020202020)
 # KEEP[n]: the last n bytes of a little-endian word (the n characters that end a field).
 _KEEP = np.array([0] + [((1 << 8 * n) - 1) << 8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
 _TABS = NUM_DENSE + NUM_SPARSE  # tabs in a line of 40 columns
+#: Which of these 0-based line numbers to read (a boolean mask), e.g. ``ShardInfo.owns_each``.
+Select = Callable[[np.ndarray], np.ndarray]
 _ULPS_WINDOW = 2.0**-49  # 8 float64 ulps, relative
 _MAX_FAST_DIGITS = 16
 
 
 @dataclass
 class CriteoColumns:
-    """Parsed rows in line order: labels ``[n]`` and dense ``[n, 13]`` float32, ids ``[n, 26]`` int64."""
+    """Parsed rows in line order: labels ``[n]`` and dense ``[n, 13]`` float32, ids ``[n, 26]`` int64, and
+    each row's 0-based line number ``lines`` ``[n]`` (a windowed reader groups rows by it)."""
 
     labels: np.ndarray
     dense: np.ndarray
     ids: np.ndarray
+    lines: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def take(self, index: np.ndarray | slice) -> CriteoColumns:
-        return CriteoColumns(self.labels[index], self.dense[index], self.ids[index])
+        return CriteoColumns(self.labels[index], self.dense[index], self.ids[index], self.lines[index])
 
 
 @dataclass
@@ -191,18 +194,21 @@ def _fast_rows(block: LineBlock, lines: np.ndarray, modulus: np.ndarray):
     return taken, (label[ok] == ord("1")).astype(np.float32), dense, ids[ok]
 
 
-def parse_block(block: LineBlock, shard: ShardInfo, rows: Sequence[int]) -> ParsedBlock:
-    """The rows of ``block`` that ``shard`` owns, parsed; lines the fast path leaves go through the exact
-    line parser."""
-    numbers = block.first_line + np.arange(len(block))
-    lines = np.flatnonzero(shard.owns_each(numbers))
+def parse_block(block: LineBlock, rows: Sequence[int], select: Select, first_line: int = 0) -> ParsedBlock:
+    """The lines of ``block`` that ``select`` keeps, parsed (line numbers start at ``first_line`` for the
+    file's first line); lines the fast path leaves go through the exact line parser."""
+    numbers = first_line + block.first_line + np.arange(len(block), dtype=np.int64)
+    lines = np.flatnonzero(select(numbers))
     modulus = np.asarray(rows, dtype=np.uint64) - _U(1)
     taken, labels, dense, ids = _fast_rows(block, lines, modulus)
     if len(taken) == len(lines):
-        return ParsedBlock(CriteoColumns(labels, dense, ids), [])
+        return ParsedBlock(CriteoColumns(labels, dense, ids, numbers[lines]), [])
     n = len(lines)
     out = CriteoColumns(
-        np.empty(n, np.float32), np.empty((n, NUM_DENSE), np.float32), np.empty((n, NUM_SPARSE), np.int64)
+        np.empty(n, np.float32),
+        np.empty((n, NUM_DENSE), np.float32),
+        np.empty((n, NUM_SPARSE), np.int64),
+        numbers[lines],
     )
     out.labels[taken], out.dense[taken], out.ids[taken] = labels, dense, ids
     good = np.zeros(n, dtype=bool)
@@ -215,24 +221,30 @@ def parse_block(block: LineBlock, shard: ShardInfo, rows: Sequence[int]) -> Pars
         except RowError as e:
             bad.append((i, e))
     good_before = np.concatenate([[0], np.cumsum(good)])
-    errors = [(int(numbers[lines[i]]) + 1, e, int(good_before[i])) for i, e in bad]
+    errors = [(block.first_line + int(lines[i]) + 1, e, int(good_before[i])) for i, e in bad]
     return ParsedBlock(out.take(good), errors)
 
 
 def iter_criteo_columns(
     path: str | Path,
     rows: Sequence[int],
-    shard: ShardInfo,
+    select: Select,
     stats: RowStats,
     *,
     strict: bool = False,
+    first_line: int = 0,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
-) -> Iterator[CriteoColumns]:
-    """The rows of ``path`` owned by ``shard`` as column blocks, malformed lines handled by ``RowPolicy``
-    (with ``strict``, the rows before the first malformed line are yielded, then it raises)."""
+) -> Generator[CriteoColumns, None, int]:
+    """The lines of ``path`` that ``select`` keeps, parsed into column blocks in order; returns the file's
+    number of lines. ``select`` gets line numbers (0-based, the file's first being ``first_line``) and
+    returns which to read, e.g. ``ShardInfo.owns_each``. Malformed lines go to ``RowPolicy``, reported with
+    their 1-based line in the file (with ``strict``, the rows before the first one are yielded, then it
+    raises)."""
     policy = RowPolicy(path, stats, strict)
+    lines = 0
     for block in iter_line_blocks(path, block_bytes):
-        parsed = parse_block(block, shard, rows)
+        lines += len(block)
+        parsed = parse_block(block, rows, select, first_line)
         for line, error, before in parsed.errors:
             if strict and before:
                 stats.rows_read += before
@@ -241,7 +253,8 @@ def iter_criteo_columns(
         stats.rows_read += len(parsed.columns)
         if len(parsed.columns):
             yield parsed.columns
-    policy.file_done(shard)
+    policy.file_done()
+    return lines
 
 
 def concat_columns(parts: Sequence[CriteoColumns]) -> CriteoColumns:
@@ -252,6 +265,7 @@ def concat_columns(parts: Sequence[CriteoColumns]) -> CriteoColumns:
         np.concatenate([p.labels for p in parts]),
         np.concatenate([p.dense for p in parts]),
         np.concatenate([p.ids for p in parts]),
+        np.concatenate([p.lines for p in parts]),
     )
 
 

@@ -118,15 +118,15 @@ class RowPolicy:
         if self.warned == MAX_WARNINGS_PER_FILE:
             logger.warning("%s: further skipped rows are counted without a warning each", self.path)
 
-    def file_done(self, shard: ShardInfo) -> None:
+    def file_done(self, shard: ShardInfo | None = None) -> None:
         """Log the reader's counts when the file had skipped rows."""
         stats = self.stats
         if stats.rows_skipped:
+            where = "" if shard is None else f" (shard {shard.index}/{shard.num_shards})"
             logger.info(
-                "%s (shard %d/%d): %d rows read, %d skipped so far (by column: %s)",
+                "%s%s: %d rows read, %d skipped so far (by column: %s)",
                 self.path,
-                shard.index,
-                shard.num_shards,
+                where,
                 stats.rows_read,
                 stats.rows_skipped,
                 dict(stats.skipped_by_column),

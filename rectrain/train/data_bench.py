@@ -6,8 +6,8 @@ model's speed; when the model's features suit the synthetic source), on FILE's f
 thread or DataLoader workers, as ``[data]`` says), ``--rounds`` times each, interleaved so that other load
 on the machine falls on all of them. Each stream's rate is that of its fastest round (other load only slows
 a round down), also as a fraction of the first stream's; the means over all rounds follow. The in-memory
-streams hold as many distinct batches as a round's steps (up to 64), so that their embedding rows are not
-kept hot in the CPU caches by a handful of batches repeated (the plain ``rectrain bench`` repeats 4).
+streams hold 64 distinct batches each, so that their embedding rows are not kept hot in the CPU caches by a
+handful of batches repeated (the plain ``rectrain bench`` repeats 4).
 
 FILE's source: a directory or manifest.json of converted data -> ``converted``; ``*.parquet`` -> ``parquet``
 (columns from ``[data]``); otherwise the config's text source, or by extension (``.dat``/``.csv`` ->
@@ -32,7 +32,7 @@ from rectrain.train.config import RunConfig
 from rectrain.train.data import RunData
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
-_MAX_HELD = 64  # distinct in-memory batches per stream (a few would keep their rows hot in the CPU caches)
+_HELD = 64  # distinct in-memory batches per stream (a few would keep their rows hot in the CPU caches)
 
 
 def infer_source(path: str, configured: str) -> str:
@@ -99,7 +99,7 @@ def run_data_bench(config: RunConfig, args: argparse.Namespace, env: ShardingEnv
     job = TrainJob(real_config, env, progress_bar=False)
     rank, world_size = job.rank, job.world_size
     real = job.data.train_batches()
-    held = min(args.steps, _MAX_HELD)
+    held = _HELD
     cached_real = list(itertools.islice(job.data.train_batches(), held))
     synthetic = _synthetic_batches(real_config, rank, world_size, held)
     pipeline_type = TrainPipelineSparseDist if config.train.pipeline else TrainPipelineBase

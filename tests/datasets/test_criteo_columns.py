@@ -114,7 +114,7 @@ def test_a_block_parses_as_the_line_parser_parses_each_line(seed, column, value,
     except UnicodeDecodeError:
         return  # hypothesis text with lone surrogates: not a file anyone can write
     texts = text_mode_lines(data)
-    parsed = parse_block(split_lines(data, 0), ShardInfo(0, 1), [rows] * 26)
+    parsed = parse_block(split_lines(data, 0), [rows] * 26, ShardInfo(0, 1).owns_each)
     expected_rows, expected_errors = [], []
     for number, text in enumerate(texts, start=1):
         try:
@@ -202,3 +202,21 @@ def test_malformed_lines_are_warned_counted_or_raised_the_same(tmp_path, caplog)
 def test_config_rejects_an_unknown_parser():
     with pytest.raises(ValueError, match="parser"):
         CriteoConfig(paths=["x.tsv"], parser="fast")
+
+
+def test_a_selector_picks_lines_by_global_number_and_rows_carry_them(tmp_path):
+    from rectrain.datasets.criteo_columns import iter_criteo_columns
+    from rectrain.datasets.rows import RowStats
+
+    path = tmp_path / "day.tsv"
+    path.write_text("\n".join(_rows(50)) + "\n")
+    chunks = iter_criteo_columns(
+        path, [997] * 26, lambda n: (n >= 110) & (n < 125), RowStats(), first_line=100
+    )
+    got = []
+    try:
+        while True:
+            got.append(next(chunks))
+    except StopIteration as end:
+        assert end.value == 50  # the file's lines, for the next file's first_line
+    assert np.concatenate([c.lines for c in got]).tolist() == list(range(110, 125))

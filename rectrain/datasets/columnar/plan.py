@@ -2,11 +2,13 @@
 
 An epoch reads its rows in one order (file order, or with ``shuffle`` a seeded permutation of fixed blocks of
 rows that depends only on seed and epoch). Step ``s`` from a global starting position ``start`` covers the
-positions ``start + s*B*W .. start + (s+1)*B*W`` and rank ``r`` takes the ``r``-th ``B`` of them. After any
-number of steps the job has consumed exactly the positions before ``start + steps*B*W``: resuming from that
-one number with any world size reads every remaining row once. A last short step is split evenly over the
-ranks (``drop_last`` leaves it out); one of fewer than ``W`` rows is left out, so every rank trains the same
-number of batches.
+positions ``start + s*B*W .. start + (s+1)*B*W`` (its window) and rank ``r`` takes the ``r``-th ``B`` of them.
+After any number of steps the job has consumed exactly the positions before the next window: resuming from
+that one number with any world size reads every remaining row once. At the end of an epoch a remainder of
+fewer than ``W`` rows joins the window before it and a short last window is split evenly over the ranks
+(``drop_last`` drops a short last window instead), so every rank trains the same number of batches and every
+row is read. These are the windows of the text sources' global positions (``window_bounds``/``rank_block``
+compute the same ranges for a reader that knows its row count).
 """
 
 from __future__ import annotations
@@ -56,25 +58,44 @@ class RowOrder:
         return out
 
 
+def window_bounds(
+    start: int, total: int, batch_size: int, world_size: int, drop_last: bool = False
+) -> Iterator[tuple[int, int]]:
+    """Positions ``[first, stop)`` of each step's window of ``batch_size * world_size`` positions from
+    ``start``; a remainder of fewer than ``world_size`` positions joins the window before it, and
+    ``drop_last`` drops a last window that is short."""
+    size = batch_size * world_size
+    first = start
+    while first < total:
+        stop = min(first + size, total)
+        if drop_last and stop - first < size:
+            return
+        if not drop_last and 0 < total - stop < world_size:
+            stop = total
+        yield first, stop
+        first = stop
+
+
+def rank_block(size: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of ``rank``'s part of a window of ``size`` positions: near-equal contiguous blocks in
+    rank order (``batch_size`` each in a full window)."""
+    return size * rank // world_size, size * (rank + 1) // world_size
+
+
 def rank_ranges(
     num_rows: int, batch_size: int, world_size: int, rank: int, start: int = 0, drop_last: bool = False
 ) -> Iterator[tuple[int, int]]:
     """Positions ``[p, q)`` of ``rank``'s batches from global position ``start`` (see the module doc)."""
     if not 0 <= start <= num_rows:
         raise ConfigError(f"start position {start} is outside the epoch's {num_rows} rows")
-    step_rows = batch_size * world_size
-    full_steps, tail = divmod(num_rows - start, step_rows)
-    for step in range(full_steps):
-        first = start + step * step_rows + rank * batch_size
-        yield first, first + batch_size
-    if tail >= world_size and not drop_last:
-        base = start + full_steps * step_rows
-        yield base + tail * rank // world_size, base + tail * (rank + 1) // world_size
+    for first, stop in window_bounds(start, num_rows, batch_size, world_size, drop_last):
+        lo, hi = rank_block(stop - first, rank, world_size)
+        if hi > lo:  # empty only when the whole rest of the epoch has fewer rows than ranks
+            yield first + lo, first + hi
 
 
 def batches_per_rank(
     num_rows: int, batch_size: int, world_size: int, start: int = 0, drop_last: bool = False
 ) -> int:
     """How many batches every rank reads from ``start`` to the end of the epoch."""
-    full_steps, tail = divmod(num_rows - start, batch_size * world_size)
-    return full_steps + int(tail >= world_size and not drop_last)
+    return sum(1 for _ in window_bounds(start, num_rows, batch_size, world_size, drop_last))
