@@ -165,6 +165,7 @@ def test_bench_with_data_times_the_reader_against_in_memory_batches(tmp_path, ca
         )
         assert out[1].startswith("  synthetic batches, in memory: ") and "(100.0%)" in out[1]
         assert out[3].startswith(f"  {data} through the {reader} reader: ")
-        assert re.fullmatch(r"rectrain bench data/baseline \d+\.\d{3}", out[-1])
+        assert re.fullmatch(r"rectrain bench data/baseline \d+\.\d{3}", out[-2])
+        assert re.fullmatch(r"rectrain bench data/baseline-cpu \d+\.\d{3}", out[-1])
     assert main(["bench", *config, "--data", str(tmp_path / "missing.tsv")]) == 2
     assert "missing.tsv does not exist" in capsys.readouterr().err

@@ -5,7 +5,9 @@ model's speed; when the model's features suit the synthetic source), on FILE's f
 (the same, with the file's id distribution), and on FILE through the reader a training run uses (prefetch
 thread or DataLoader workers, as ``[data]`` says), ``--rounds`` times each, interleaved so that other load
 on the machine falls on all of them. Each stream's rate is that of its fastest round (other load only slows
-a round down), also as a fraction of the first stream's; the means over all rounds follow. The in-memory
+a round down), also as a fraction of the first stream's; the means over all rounds follow, then the CPU
+time per step of this rank's process and the first stream's CPU time over it (``data/baseline-cpu``: what
+the reader adds to a step's work, the steadier figure on a machine other jobs load). The in-memory
 streams hold 64 distinct batches each, so that their embedding rows are not kept hot in the CPU caches by a
 handful of batches repeated (the plain ``rectrain bench`` repeats 4).
 
@@ -75,6 +77,7 @@ class _Stream:
     batches: Iterator[Batch]
     pipeline: TrainPipelineBase
     rounds: list[float] = field(default_factory=list)  # seconds of each timed round
+    cpu: float = 0.0  # CPU seconds of this process (all its threads) over the timed rounds
 
 
 def _barrier(env: ShardingEnv | None) -> None:
@@ -84,9 +87,10 @@ def _barrier(env: ShardingEnv | None) -> None:
 
 def _time(stream: _Stream, steps: int, env: ShardingEnv | None) -> None:
     _barrier(env)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         stream.pipeline.progress(stream.batches)
+    stream.cpu += time.process_time() - cpu
     _barrier(env)
     stream.rounds.append(time.perf_counter() - start)
 
@@ -129,18 +133,22 @@ def _report(
     streams: list[_Stream], config: RunConfig, args: argparse.Namespace, world_size: int
 ) -> list[str]:
     """Each stream's rate in its fastest round: other load on a shared machine only ever slows a round down,
-    so the fastest is the least disturbed (the mean over all rounds follows in brackets)."""
+    so the fastest is the least disturbed (the mean over all rounds follows in brackets). Then this rank's
+    CPU time per step (all threads of the process): on a crowded machine wall time says little, while CPU
+    time per step still shows what the reader adds to the work of a step."""
     examples = args.steps * config.train.batch_size * world_size
     best = [examples / min(s.rounds) for s in streams]
     mean = [examples * len(s.rounds) / sum(s.rounds) for s in streams]
+    cpu = [1e3 * s.cpu / (args.steps * len(s.rounds)) for s in streams]
     mode = "pipelined" if config.train.pipeline else "plain"
     lines = [
         f"{args.rounds} rounds x {args.steps} steps ({mode}) of {config.train.batch_size} examples x "
         f"{world_size} ranks, the streams in turn; best round (mean):"
     ]
     lines += [
-        f"  {s.name}: {b:,.0f} examples/s ({b / best[0]:.1%}) ({m:,.0f}, {m / mean[0]:.1%})"
-        for s, b, m in zip(streams, best, mean)
+        f"  {s.name}: {b:,.0f} examples/s ({b / best[0]:.1%}) ({m:,.0f}, {m / mean[0]:.1%}); "
+        f"CPU {c:.1f} ms/step ({cpu[0] / c:.1%})"
+        for s, b, m, c in zip(streams, best, mean, cpu)
     ]
     lines.append(f"rectrain bench baseline examples/s {best[0]:.0f}")
     if len(streams) == 3:
@@ -148,5 +156,6 @@ def _report(
     lines += [
         f"rectrain bench data examples/s {best[-1]:.0f}",
         f"rectrain bench data/baseline {best[-1] / best[0]:.3f}",
+        f"rectrain bench data/baseline-cpu {cpu[0] / cpu[-1]:.3f}",
     ]
     return lines
