@@ -104,6 +104,11 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     train = _config_command(sub, "train", "train the model of a run config (alone or under torchrun)")
     train.add_argument("--strict", action="store_true", help="stop at the first malformed data row")
     train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with checkpoint.resume = false, delete the checkpoints already in checkpoint.dir",
+    )
     train.set_defaults(func=_train)
     plan = _config_command(sub, "plan", "print the sharding plan of a run config without training")
     plan.add_argument(
