@@ -40,7 +40,8 @@ def test_every_row_is_in_exactly_one_block_and_no_block_is_empty(total, batch, w
     assert all(i < end for blocks, end in windows for block in blocks for i in block)
     if holdout is None:
         firsts = [min(i for block in blocks for i in block) for blocks, _ in windows]
-        assert [(f, end) for f, (_, end) in zip(firsts, windows)] == list(window_bounds(0, total, batch, world))
+        bounds = list(window_bounds(0, total, batch, world))
+        assert [(f, end) for f, (_, end) in zip(firsts, windows)] == bounds
 
 
 @given(
