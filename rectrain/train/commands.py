@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from rectrain.distributed import ShardingEnv
 from rectrain.errors import ConfigError
 from rectrain.train.config import RunConfig
 
+EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped early by SIGTERM, checkpoint written
 _METRIC_ORDER = ("auc", "ne", "log_loss", "accuracy", "calibration", "num_examples")
 
 
@@ -94,8 +96,14 @@ def train_command(args: argparse.Namespace, distributed: bool) -> int:
             if summary.checkpoint is not None:
                 print(f"checkpoint: {summary.checkpoint}")
             if summary.stopped_by_signal:
-                print("stopped by SIGTERM after checkpointing")
-        return 0
+                print(
+                    f"stopped by SIGTERM after checkpointing (exit {EXIT_STOPPED}: not finished; run the "
+                    "same command again to resume)"
+                )
+        # Every rank returns the same code: the run is not finished, so a launcher that restarts failed
+        # jobs (torchrun --max-restarts, a Kubernetes Job) starts it again and it resumes. Exit 0 would
+        # tell a Job that this pod's part of the work is complete.
+        return EXIT_STOPPED if summary.stopped_by_signal else 0
 
     return run_on_ranks(on_rank, distributed, config)
 

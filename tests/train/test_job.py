@@ -111,7 +111,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_at_the_next_step_and_exits_zero(tmp_path):
+def test_sigterm_checkpoints_at_the_next_step_and_exits_143(tmp_path):
     log = tmp_path / "metrics.jsonl"
     command = [sys.executable, "-m", "rectrain", "train", "--config", str(EXAMPLES / "dlrm_synthetic.toml")]
     command += ["--no-progress", "--set", "train.steps=1000000", "--set", "train.batch_size=64"]
@@ -126,7 +126,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_zero(tmp_path):
         out, err = process.communicate(timeout=120)
     finally:
         process.kill()
-    assert process.returncode == 0, err[-2000:]
+    assert process.returncode == 143, err[-2000:]  # not finished: a Job or torchrun restarts and resumes
     assert "stopped by SIGTERM after checkpointing" in out
     step = [e for e in events(log) if e["event"] == "checkpoint"][-1]["step"]
     assert 10 <= step < 1_000_000
