@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
-    )
+    # force: importing fbgemm_gpu logs through the root logger, which configures it first. Our own logs at
+    # INFO, other libraries' (FBGEMM's table dumps) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", force=True)
+    logging.getLogger("rectrain").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         code = args.func(args)
     except RecTrainError as e:

@@ -107,6 +107,7 @@ def init_from_env(backend: str | None = None, timeout: timedelta | None = None) 
             f"init_from_env needs the environment variables {', '.join(missing)}; launch with "
             "`torchrun --nproc-per-node N script.py` (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
         )
+    warn_shared_store(env)
     world_size, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
     local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", default=world_size)
     if backend == "nccl":
@@ -114,6 +115,24 @@ def init_from_env(backend: str | None = None, timeout: timedelta | None = None) 
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout or DEFAULT_TIMEOUT)
     logger.info("rank %d/%d joined the %s process group", rank, world_size, backend)
     return ShardingEnv(world_size, rank, dist.group.WORLD, local_world_size)
+
+
+def warn_shared_store(env: Mapping[str, str]) -> None:
+    """Warn when torchrun restarts ranks into the rendezvous store of their previous attempt.
+
+    torchrun (torch 2.x) keeps one TCP store for every rendezvous round. A rank of a restarted group can then
+    read a peer's address from the failed attempt before the peer's new one replaces it, and its process
+    group fails with "Connection refused" (seen here in about half of multi-node restarts).
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives every round a fresh store.
+    """
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if restarts > 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        logger.warning(
+            "torchrun --max-restarts %d shares one rendezvous store between restarts, so a restarted rank "
+            "may connect to a peer of the failed attempt and fail; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "in torchrun's environment",
+            restarts,
+        )
 
 
 @contextlib.contextmanager

@@ -28,7 +28,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 _FALLBACK = timedelta(minutes=30)  # torch's own default, when a group's timeout cannot be read
-_MAX_GRACE_S = 10.0  # the ranks that are not stuck time out together; no need to wait long for them
+# How long a failed rank waits for the others to report in. Ranks waiting on a stuck one time out within the
+# skew of their entry into the collective; a dead peer's sockets close for all its peers at once.
+_TIMEOUT_GRACE_S = 10.0
+_LOST_PEER_GRACE_S = 3.0
 _PEER_LOST = ("timed out", "timeout", "connection closed", "connection reset", "pair closure", "broken pipe")
 _reports = itertools.count()  # the n-th failure of this process uses the n-th set of store keys
 
@@ -80,7 +83,8 @@ def diagnose(name: str, group: dist.ProcessGroup | None, error: BaseException) -
     timeout = group_timeout(group)
     me = dist.get_rank()
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    missing = _missing_ranks(ranks, me, name, min(timeout.total_seconds(), _MAX_GRACE_S))
+    grace = _TIMEOUT_GRACE_S if "timed out" in str(error).lower() else _LOST_PEER_GRACE_S
+    missing = _missing_ranks(ranks, me, name, min(timeout.total_seconds(), grace))
     cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if missing is None:
         who = "could not ask the store which ranks are stuck"

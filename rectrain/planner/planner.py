@@ -104,7 +104,7 @@ class EmbeddingShardingPlanner:
         options = [self._drop_oversized(opts) for opts in options]
         placement = self._search(options)
         plan = _to_plan(placement, tables, self._topology)
-        logger.info("sharding plan (score %s):\n%s", placement.score, plan.report())
+        logger.debug("sharding plan (score %s):\n%s", placement.score, plan.report())
         return plan
 
     def collective_plan(

@@ -39,8 +39,15 @@ def torchrun_args(
 
 
 def rank_env(**extra: str) -> dict[str, str]:
-    """The environment of a node: one intra-op thread per rank (two cores are shared by everyone)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    """The environment of a node: one intra-op thread per rank (two cores are shared by everyone), and a
+    fresh rendezvous store for every restart (see ``rectrain.distributed.env.warn_shared_store``)."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **extra,
+    }
 
 
 def children_of(pid: int) -> list[int]:
@@ -57,6 +64,12 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.append(int(entry.name))
     return found
+
+
+def rank_of(pid: int) -> int:
+    """The global rank of a rank process (its ``RANK`` environment variable)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
 
 
 def is_alive(pid: int) -> bool:

@@ -21,11 +21,11 @@ from tests.train.test_job import SMALL_CRITEO_MODEL, write_criteo
 EXAMPLES = ROOT / "examples"
 
 
-def criteo_run(tmp_path: Path, train_rows: int, batch_size: int, *extra: str) -> list[str]:
-    """``rectrain train`` of a small DLRM on a Criteo-format file, table-row-wise, as --set arguments."""
+def criteo_overrides(tmp_path: Path, train_rows: int, batch_size: int, *extra: str) -> list[str]:
+    """A small table-row-wise DLRM on a Criteo-format file of ``train_rows`` rows, as config overrides."""
     data = write_criteo(tmp_path / "train.tsv", rows=train_rows)
     held_out = write_criteo(tmp_path / "eval.tsv", rows=2 * batch_size, seed=1)
-    overrides = [
+    return [
         *SMALL_CRITEO_MODEL,
         f'data.paths=["{data}"]',
         f'data.eval_paths=["{held_out}"]',
@@ -37,6 +37,10 @@ def criteo_run(tmp_path: Path, train_rows: int, batch_size: int, *extra: str) ->
         'planner.sharding_types=["table_row_wise"]',
         *extra,
     ]
+
+
+def train_command(overrides: list[str]) -> list[str]:
+    """``-m rectrain train`` of the Criteo example with ``overrides`` (what torchrun runs)."""
     command = ["-m", "rectrain", "train", "--config", str(EXAMPLES / "dlrm_criteo.toml"), "--no-progress"]
     return command + [arg for o in overrides for arg in ("--set", o)]
 
@@ -60,7 +64,7 @@ def check_table_row_wise(manifest, hosts: int, local: int) -> None:
 @pytest.mark.slow
 def test_two_nodes_of_two_ranks_train_dlrm_with_table_row_wise_tables(tmp_path):
     rows, batch = 4 * 32 * 5, 32  # five steps of four ranks
-    run = criteo_run(tmp_path, rows, batch, "train.epochs=1")
+    run = train_command(criteo_overrides(tmp_path, rows, batch, "train.epochs=1"))
     command = TORCHRUN + torchrun_args(2, 2, free_port()) + run
     with Nodes(tmp_path) as nodes:
         for _ in range(2):
@@ -75,12 +79,13 @@ def test_two_nodes_of_two_ranks_train_dlrm_with_table_row_wise_tables(tmp_path):
     assert trained and trained[-1]["num_examples"] == 2 * batch
 
 
-def _k8s_trainer_argv() -> tuple[list[str], str]:
-    """The training Job's container command line and its run config (from the ConfigMap)."""
+def _k8s_trainer() -> tuple[list[str], dict[str, str], str]:
+    """The training Job's container command line, its literal environment variables and its run config."""
     job = k8s_object("Job", "rectrain-train")
     (container,) = pod_spec(job)["containers"]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     config_map = k8s_object("ConfigMap", "rectrain-run")
-    return container_argv(container, "train Job"), config_map["data"]["run.toml"]
+    return container_argv(container, "train Job"), env, config_map["data"]["run.toml"]
 
 
 def _shrunk_k8s_config(text: str, tmp_path: Path) -> str:
@@ -105,7 +110,7 @@ def _shrunk_k8s_config(text: str, tmp_path: Path) -> str:
 
 @pytest.mark.slow
 def test_the_kubernetes_job_command_line_runs_as_two_nodes(tmp_path):
-    argv, run_toml = _k8s_trainer_argv()
+    argv, container_env, run_toml = _k8s_trainer()
     config = tmp_path / "run.toml"
     config.write_text(_shrunk_k8s_config(run_toml, tmp_path))
     assert argv[0] == "torchrun"
@@ -116,7 +121,8 @@ def test_the_kubernetes_job_command_line_runs_as_two_nodes(tmp_path):
     torchrun = str(Path(TORCHRUN[0]).parent / "torchrun")
     with Nodes(tmp_path) as nodes:
         for _ in range(int(argv[argv.index("--nnodes") + 1])):
-            nodes.start([torchrun, *argv[1:]], env=rank_env())
+            # The pod's variables, but one intra-op thread per rank: this machine has two cores.
+            nodes.start([torchrun, *argv[1:]], env=rank_env(**{**container_env, "OMP_NUM_THREADS": "1"}))
         assert nodes.wait(timeout=300) == [0, 0], nodes.output()
     manifest = read_manifest(tmp_path / "ckpt")
     assert (manifest.step, manifest.world_size) == (6, 2)
