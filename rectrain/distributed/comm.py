@@ -94,7 +94,7 @@ def all_to_all_single(
     _check_splits("output_split_sizes", output_split_sizes, world_size, None, "")
     box = WorkBox()
     out = AllToAllSingle.apply(box, tensor, list(output_split_sizes), list(input_split_sizes), group)
-    return _result(Pending(box.work, lambda: out, "all_to_all_single"), async_op)
+    return _result(Pending(box.work, lambda: out, "all_to_all_single", group), async_op)
 
 
 def all_to_all_with_splits(
@@ -119,7 +119,7 @@ def all_to_all_with_splits(
         box = WorkBox()
         outs.append(AllToAllSingle.apply(box, tensor, out_splits, list(in_splits), group))
         boxes.append(box)
-    return _result(Pending([b.work for b in boxes], lambda: outs, "all_to_all_with_splits"), async_op)
+    return _result(Pending([b.work for b in boxes], lambda: outs, "all_to_all_with_splits", group), async_op)
 
 
 def alltoall_pooled(
@@ -155,7 +155,7 @@ def alltoall_pooled(
         blocks = flat.split(output_splits)
         return torch.cat([blk.view(my_batch, d) for blk, d in zip(blocks, dim_sum_per_rank)], dim=1)
 
-    return _result(Pending(box.work, finish, "alltoall_pooled"), async_op)
+    return _result(Pending(box.work, finish, "alltoall_pooled", group), async_op)
 
 
 def reduce_scatter_v_pooled(
@@ -175,14 +175,14 @@ def reduce_scatter_v_pooled(
     box = WorkBox()
     if len(set(input_splits)) == 1:
         out = ReduceScatterEven.apply(box, tensor, group)
-        return _result(Pending(box.work, lambda: out, "reduce_scatter_v_pooled"), async_op)
+        return _result(Pending(box.work, lambda: out, "reduce_scatter_v_pooled", group), async_op)
     mine = input_splits[rank]
     received = AllToAllSingle.apply(box, tensor, [mine] * world_size, list(input_splits), group)
 
     def finish() -> Tensor:
         return received.view(world_size, mine, *tensor.shape[1:]).sum(dim=0)
 
-    return _result(Pending(box.work, finish, "reduce_scatter_v_pooled"), async_op)
+    return _result(Pending(box.work, finish, "reduce_scatter_v_pooled", group), async_op)
 
 
 def all_gather_v(
@@ -211,12 +211,12 @@ def all_gather_v(
         padded = torch.cat([tensor, padding])
     gathered = AllGatherEven.apply(box, padded, group)
     if len(set(sizes)) == 1:
-        return _result(Pending(box.work, lambda: gathered, "all_gather_v"), async_op)
+        return _result(Pending(box.work, lambda: gathered, "all_gather_v", group), async_op)
 
     def finish() -> Tensor:
         return torch.cat([gathered[r * longest : r * longest + n] for r, n in enumerate(sizes)])
 
-    return _result(Pending(box.work, finish, "all_gather_v"), async_op)
+    return _result(Pending(box.work, finish, "all_gather_v", group), async_op)
 
 
 def _gather_sizes(rows: int, group: ProcessGroup | None) -> list[int]:
@@ -254,7 +254,7 @@ def all_reduce_coalesced(
                 t.detach().copy_(part.view_as(t))
         return list(tensors)
 
-    return _result(Pending(works, finish, "all_reduce_coalesced"), async_op)
+    return _result(Pending(works, finish, "all_reduce_coalesced", group), async_op)
 
 
 def _buckets(tensors: Sequence[Tensor], cap_bytes: int) -> list[list[Tensor]]:

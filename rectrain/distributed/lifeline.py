@@ -22,10 +22,11 @@ PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _POLL_S = 0.5
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> str:
-    """Arrange for this process to get ``sig`` when its parent process ends; returns the means used."""
+def die_with_parent(sig: int = signal.SIGKILL, *, watchdog: bool = False) -> str:
+    """Arrange for this process to get ``sig`` when its parent process ends; returns the means used
+    (``"prctl"`` or ``"watchdog"``; ``watchdog=True`` polls even where prctl is available)."""
     parent = os.getppid()
-    if sys.platform.startswith("linux") and _set_pdeathsig(sig):
+    if not watchdog and sys.platform.startswith("linux") and _set_pdeathsig(sig):
         means = "prctl"
     else:
         threading.Thread(target=_watch, args=(parent, sig), name="rectrain-lifeline", daemon=True).start()

@@ -122,7 +122,7 @@ class TrainJob:
         summary = TrainSummary(start=position, end=position)
         self._saved_step = position.step if position.step else None
         self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
-        self._position = position
+        self._position, self._evaluated_step = position, None
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:
@@ -132,7 +132,7 @@ class TrainJob:
             reporter.flush(position.step)
             # Save first: nothing trained is lost to a final evaluation that fails.
             summary.checkpoint = self._checkpoint(position, reporter) or summary.checkpoint
-            evaluated = summary.eval_metrics.get("step") == position.step
+            evaluated = self._evaluated_step == position.step  # at its cadence (failed or not)
             if not (evaluated or summary.stopped_by_signal):  # on SIGTERM, exit within the grace period
                 self._evaluate(position.step, reporter, summary)
         finally:
@@ -179,6 +179,7 @@ class TrainJob:
 
     def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
         """Evaluate and report; a failing evaluation is logged and the run goes on (training is not lost)."""
+        self._evaluated_step = step
         try:
             metrics = self.evaluate()
         except (CollectiveTimeoutError, TrainingDiverged):
