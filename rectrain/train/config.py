@@ -42,7 +42,8 @@ class DataConfig:
 
     ``synthetic`` draws learnable labels (``rectrain.datasets.synthetic``); its held-out split comes from
     batch streams no training rank reads. For files (``criteo``, ``movielens``) the held-out split is
-    ``eval_paths`` when given, else every ``holdout_every``-th batch of each rank's stream (never trained on).
+    ``eval_paths`` when given, else every ``holdout_every``-th block of ``train.batch_size`` rows of the files
+    (counted from the first row, whatever the number of ranks; never trained on).
     ``num_batches`` is the synthetic epoch length per rank (default: as many as the run needs). MovieLens
     ratings become binary labels: 1 when rating >= ``threshold``.
     """

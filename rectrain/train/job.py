@@ -127,18 +127,23 @@ class TrainJob:
         try:
             with StopSignal() as stop:
                 self._loop(pipeline, self._batches(position, stop), reporter, summary)
-            position = self._position
             summary.seconds = time.perf_counter() - start_time
-            reporter.flush(position.step)
-            # Save first: nothing trained is lost to a final evaluation that fails.
-            summary.checkpoint = self._checkpoint(position, reporter) or summary.checkpoint
-            evaluated = self._evaluated_step == position.step  # at its cadence (failed or not)
-            if not (evaluated or summary.stopped_by_signal):  # on SIGTERM, exit within the grace period
-                self._evaluate(position.step, reporter, summary)
+            self._finish(reporter, summary)
         finally:
             reporter.close(self._position.step)
-        summary.end = position
+        summary.end = self._position
         return summary
+
+    def _finish(self, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        """The final checkpoint, then the final evaluation: nothing trained is lost to an evaluation that
+        fails or never ends. On SIGTERM only the checkpoint (the grace period is short)."""
+        step = self._position.step
+        reporter.flush(step)
+        final_eval = not (self._evaluated_step == step or summary.stopped_by_signal)
+        path = self._checkpoint(self._position, reporter, good=not final_eval)
+        summary.checkpoint = path or summary.checkpoint
+        if final_eval:
+            self._final_evaluation(step, reporter, summary)
 
     def _loop(
         self,
@@ -193,13 +198,23 @@ class TrainJob:
         reporter.on_eval(step, summary.eval_metrics)
         self.guard.check_eval(step, summary.eval_metrics)
 
-    def _checkpoint(self, position: Position, reporter: ProgressReporter) -> Path | None:
-        """Save ``position`` unless it is already saved (or checkpointing is off)."""
+    def _final_evaluation(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        try:
+            self._evaluate(step, reporter, summary)
+        except TrainingDiverged as e:
+            saved = f"; the final checkpoint (step {step}) was written before this evaluation"
+            raise TrainingDiverged(f"{e}{saved if self._saved_step == step else ''}") from None
+        if self._saved_step == step:
+            self.guard.saved(step)
+
+    def _checkpoint(self, position: Position, reporter: ProgressReporter, good: bool = True) -> Path | None:
+        """Save ``position`` unless it is already saved (or checkpointing is off); ``good=False`` before the
+        evaluation that would tell the guard otherwise."""
         if position.step == self._saved_step:
             return None
         path = checkpointing.save(self.config, self.training, self.env, position)
         self._saved_step = position.step
-        if path is not None:
+        if path is not None and good:
             self.guard.saved(position.step)
             reporter.write({"event": "checkpoint", "step": position.step, "path": str(path)})
         return path

@@ -2,12 +2,15 @@
 
 Each test starts real ``torchrun`` nodes that run the real ``rectrain train`` command, so ``LOCAL_WORLD_SIZE``
 differs from ``WORLD_SIZE`` as on a cluster: the planner reads the host layout from the environment and
-table-row-wise tables are sharded within a host. The Kubernetes Job's exact command line runs as two nodes.
+table-row-wise tables are sharded within a host. The README's "Several hosts" lines and the Kubernetes Job's
+exact command line run as two nodes each.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ import tomllib
 
 from rectrain.checkpoint import read_manifest
 from tests.deploy.manifests import container_argv, k8s_object, pod_spec
-from tests.distributed.agents import ROOT, TORCHRUN, Nodes, free_port, rank_env, torchrun_args
+from tests.distributed.agents import ROOT, TORCHRUN, Nodes, free_port, rank_env
 from tests.train.test_job import SMALL_CRITEO_MODEL, write_criteo
 
 EXAMPLES = ROOT / "examples"
@@ -61,14 +64,34 @@ def check_table_row_wise(manifest, hosts: int, local: int) -> None:
     assert used_hosts == set(range(hosts)), "the planner spreads the tables over the hosts"
 
 
+def readme_several_hosts() -> tuple[dict[str, str], list[str]]:
+    """The README's "Several hosts" lines: the variables it exports and the torchrun command (as argv)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Several hosts") :]
+    start = section.index("```bash") + len("```bash")
+    lines = section[start : section.index("```", start)].replace("\\\n", " ").splitlines()
+    exports = [line.split("#")[0].split(None, 1)[1].strip() for line in lines if line.startswith("export ")]
+    (command,) = [shlex.split(line) for line in lines if line.startswith("torchrun ")]
+    return dict(e.split("=", 1) for e in exports), command
+
+
 @pytest.mark.slow
-def test_two_nodes_of_two_ranks_train_dlrm_with_table_row_wise_tables(tmp_path):
+def test_two_nodes_of_two_ranks_run_the_readme_lines_with_table_row_wise_tables(tmp_path):
+    exports, argv = readme_several_hosts()
+    assert (argv[argv.index("--nnodes") + 1], argv[argv.index("--nproc-per-node") + 1]) == ("2", "2")
+    endpoint = argv.index("--rdzv-endpoint") + 1
+    assert argv[endpoint] == "head-node:29400"
+    argv[endpoint] = f"127.0.0.1:{free_port()}"
+    config = argv.index("--config") + 1
+    shutil.copy(EXAMPLES / "dlrm_criteo.toml", tmp_path / argv[config])
+    argv[config] = str(tmp_path / argv[config])
     rows, batch = 4 * 32 * 5, 32  # five steps of four ranks
-    run = train_command(criteo_overrides(tmp_path, rows, batch, "train.epochs=1"))
-    command = TORCHRUN + torchrun_args(2, 2, free_port()) + run
+    overrides = criteo_overrides(tmp_path, rows, batch, "train.epochs=1")
+    command = [str(Path(TORCHRUN[0]).parent / "torchrun"), *argv[1:], "--no-progress"]
+    command += [arg for o in overrides for arg in ("--set", o)]
     with Nodes(tmp_path) as nodes:
         for _ in range(2):
-            nodes.start(command)
+            nodes.start(command, env=rank_env(**exports))
         assert nodes.wait(timeout=300) == [0, 0], nodes.output()
     manifest = read_manifest(tmp_path / "ckpt")
     assert (manifest.step, manifest.world_size) == (5, 4)
