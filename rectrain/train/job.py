@@ -214,7 +214,8 @@ class TrainJob:
             return None
         path = checkpointing.save(self.config, self.training, self.env, position)
         self._saved_step = position.step
-        if path is not None and good:
-            self.guard.saved(position.step)
+        if path is not None:
+            if good:
+                self.guard.saved(position.step)
             reporter.write({"event": "checkpoint", "step": position.step, "path": str(path)})
         return path
