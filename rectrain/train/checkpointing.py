@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rectrain.datasets.windows import BATCHES, DataPosition
 from rectrain.distributed import ShardingEnv
 from rectrain.errors import ConfigError
 from rectrain.train.build import TrainingModel
 from rectrain.train.config import RunConfig
+
+if TYPE_CHECKING:
+    from rectrain.checkpoint import CheckpointInfo
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +93,9 @@ def resume(
     return position
 
 
-def _data_position(info, step: int, world_size: int, initial: DataPosition, source: str) -> DataPosition:
+def _data_position(
+    info: CheckpointInfo, step: int, world_size: int, initial: DataPosition, source: str
+) -> DataPosition:
     """Where the data continues: the manifest's ``data_position``, or per-rank batches for old checkpoints."""
     stored = info.manifest.data_position
     changed = info.saved_world_size != world_size
