@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from recserve.server.admin import build_admin_server
 from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
@@ -30,11 +30,12 @@ from recserve.server.core import InferenceCore
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
-from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2
+from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
 from recserve.server.runner import ModelRunner
 from recserve.server.servicer import PredictorServicer
 from recserve.server.status import StatusInterceptor
+from recserve.server.triton_ext import Repository
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class RecServer:
             watch_dir=cfg.watch,
             interval_s=cfg.watch_interval_s,
         )
+        self.repository = Repository(
+            self.core, self.reloader, cfg.effective_reload_root, polling=cfg.watch is not None
+        )
         self.health = health.HealthServicer()
         self.admission = AdmissionLimit(cfg.effective_max_inflight)
         self.lag = None
@@ -130,10 +134,12 @@ class RecServer:
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
-        add_service(server, oip_pb2, "GRPCInferenceService", InferenceServicer(self.core), decode_log)
+        oip = InferenceServicer(self.core, self.repository, device=cfg.device)
+        add_service(server, oip_pb2, "GRPCInferenceService", oip, decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (PREDICTOR_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        pool = reflection_pool(pb2, oip_pb2, health_pb2, reflection_pb2)
+        reflection.enable_server_reflection(names, server, pool=pool)
         return server
 
     def start(self) -> int:
