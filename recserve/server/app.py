@@ -32,6 +32,7 @@ from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
 from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
+from recserve.server.rest import RestApi, RestServer
 from recserve.server.runner import ModelRunner
 from recserve.server.servicer import PredictorServicer
 from recserve.server.status import StatusInterceptor
@@ -105,8 +106,20 @@ class RecServer:
         self._server = self._build_grpc_server()
         self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.reloader, self.metrics)
         self._metrics_http = None
+        self._rest = None
+        if cfg.http_port is not None:
+            api = RestApi(self.core, self.repository, self.metrics, self.admission, device=cfg.device)
+            self._rest = RestServer(
+                api,
+                cfg.host,
+                cfg.http_port,
+                max_body_bytes=cfg.max_message_bytes,
+                drain_timeout_s=cfg.drain_timeout_s,
+                reuse_port=cfg.workers > 1,
+            )
         self._probe_dir: str | None = None
         self.port = 0
+        self.http_port = 0
         self.admin_port = 0
 
     def _build_grpc_server(self) -> grpc.Server:
@@ -158,6 +171,8 @@ class RecServer:
                 raise OSError(f"could not bind the queue-lag probe socket {probe_address}")
         self._start_admin()
         self._server.start()
+        if self._rest is not None:
+            self.http_port = self._rest.start()
         if probe_address is not None:
             self.lag.start(probe_address)
         if cfg.metrics_port is not None:
@@ -200,7 +215,10 @@ class RecServer:
         self.reloader.stop()
         if self.lag is not None:
             self.lag.stop()
-        self._server.stop(grace=self.cfg.drain_timeout_s).wait()
+        grpc_stopped = self._server.stop(grace=self.cfg.drain_timeout_s)  # both ports drain at once
+        if self._rest is not None:
+            self._rest.stop()
+        grpc_stopped.wait()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
         self._shed_pool.shutdown(wait=False)
