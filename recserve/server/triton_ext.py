@@ -129,17 +129,18 @@ class Repository:
         return [entry] if entry.state == "READY" or not ready_only else []
 
     def load(self, model_name: str, parameters) -> None:
-        self._check(model_name, parameters)
+        self._check(model_name, parameters, allowed=())
         name, version, swapped = self._reloader.load_latest(self._root)
         logger.info(
             "repository load of %s: serving version %s%s", name, version, "" if swapped else " (already)"
         )
 
     def unload(self, model_name: str, parameters) -> None:
-        self._check(model_name, parameters)
+        # tritonclient always sends unload_dependents; our model has no dependents, so it changes nothing.
+        self._check(model_name, parameters, allowed=("unload_dependents",))
         self._reloader.unload()
 
-    def _check(self, model_name: str, parameters) -> None:
+    def _check(self, model_name: str, parameters, allowed: tuple[str, ...]) -> None:
         if self._polling:
             raise UnavailableError(POLLING_REFUSAL)
         if model_name != self._core.model_name:
@@ -147,6 +148,8 @@ class Repository:
                 f"model_name: {model_name!r} is not in the repository (it holds {self._core.model_name!r})"
             )
         for key in parameters:
+            if key in allowed:
+                continue
             raise InvalidRequestError(
                 f"parameters[{key!r}]: not supported; a load serves the newest version directory as exported"
             )
