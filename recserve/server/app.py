@@ -94,7 +94,11 @@ class RecServer:
             interval_s=cfg.watch_interval_s,
         )
         self.repository = Repository(
-            self.core, self.reloader, cfg.effective_reload_root, polling=cfg.watch is not None
+            self.core,
+            self.reloader,
+            cfg.effective_reload_root,
+            polling=cfg.watch is not None,
+            on_change=self._model_health,
         )
         self.health = health.HealthServicer()
         self.admission = AdmissionLimit(cfg.effective_max_inflight)
@@ -191,6 +195,15 @@ class RecServer:
             "TLS" if cfg.tls_cert else "plaintext",
         )
         return self.port
+
+    def _model_health(self, serving: bool) -> None:
+        """After a repository load/unload: the model's services report whether it serves (readiness probes
+        then take an unloaded model's pod out of rotation); the overall service "" stays SERVING (alive)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_SERVICES[1:]:
+            self.health.set(name, status)
 
     def _start_admin(self) -> None:
         cfg = self.cfg

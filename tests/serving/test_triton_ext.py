@@ -8,6 +8,7 @@ import shutil
 import grpc
 import pytest
 
+from recserve.client import PredictorClient
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import FEATURES, random_batch, running_server, target
@@ -16,6 +17,11 @@ from .test_oip import infer_request
 
 def _stub(server):
     return oip_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(target(server)))
+
+
+def _health(server) -> dict[str, str]:
+    with PredictorClient(target(server)) as client:
+        return {name: client.health(name) for name in ("", "recserve.v1.Predictor")}
 
 
 def test_model_config_is_triton_shaped(package):
@@ -87,6 +93,7 @@ def test_repository_unload_then_load_serves_the_newest_version(packages, tmp_pat
         assert [(m.name, m.version, m.state) for m in index] == [("tiny", "1", "READY")]
         stub.RepositoryModelUnload(oip_pb2.RepositoryModelUnloadRequest(model_name="tiny"))
         assert not stub.ModelReady(oip_pb2.ModelReadyRequest(name="tiny")).ready
+        assert _health(server) == {"": "SERVING", "recserve.v1.Predictor": "NOT_SERVING"}  # alive, not ready
         assert stub.ServerLive(oip_pb2.ServerLiveRequest()).live
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(infer_request(dense, kjt, raw=True))
@@ -98,6 +105,7 @@ def test_repository_unload_then_load_serves_the_newest_version(packages, tmp_pat
         stub.RepositoryModelLoad(oip_pb2.RepositoryModelLoadRequest(model_name="tiny"))
         assert stub.ModelReady(oip_pb2.ModelReadyRequest(name="tiny", version="2")).ready
         assert stub.ModelInfer(infer_request(dense, kjt, raw=True)).model_version == "2"
+        assert _health(server) == {"": "SERVING", "recserve.v1.Predictor": "SERVING"}
         with pytest.raises(grpc.RpcError) as info:
             stub.RepositoryModelLoad(oip_pb2.RepositoryModelLoadRequest(model_name="other"))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
