@@ -98,9 +98,9 @@ class RecServer:
             self.reloader,
             cfg.effective_reload_root,
             polling=cfg.watch is not None,
-            on_change=self._model_health,
         )
         self.health = health.HealthServicer()
+        self.reloader.on_change = self._model_health
         self.admission = AdmissionLimit(cfg.effective_max_inflight)
         self.lag = None
         if cfg.max_queue_lag_ms > 0:
@@ -197,8 +197,8 @@ class RecServer:
         return self.port
 
     def _model_health(self, serving: bool) -> None:
-        """After a repository load/unload: the model's services report whether it serves (readiness probes
-        then take an unloaded model's pod out of rotation); the overall service "" stays SERVING (alive)."""
+        """After an unload or a load that ends it: the model's services report whether it serves (readiness
+        probes then take an unloaded model's pod out of rotation); the overall service "" stays SERVING."""
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )

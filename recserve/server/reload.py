@@ -76,6 +76,8 @@ class Reloader:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._last_package = core.runner.package_dir
+        # Told whether the model serves after each swap-in or unload (the server's health statuses).
+        self.on_change: Callable[[bool], None] | None = None
         self._tried: set[tuple] = set()  # version dir stamps (file names, sizes, mtimes) already attempted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,6 +114,8 @@ class Reloader:
             if old is None:
                 return False
             self._metrics.model_info.labels(*old.model_id).set(0)
+            if self.on_change is not None:
+                self.on_change(False)
             old.close()
             return True
 
@@ -133,6 +137,8 @@ class Reloader:
         # Announce the new model before draining the old one: requests already see it, so must /metrics.
         self._metrics.model_reloads.labels("success").inc()
         self._metrics.serving(*runner.model_id, previous=None if draining is None else draining.model_id)
+        if draining is None and self.on_change is not None:
+            self.on_change(True)  # it was unloaded
         if draining is not None:
             draining.close()
         return (*runner.model_id, True)

@@ -14,7 +14,6 @@ that.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
@@ -121,13 +120,11 @@ class Repository:
         root: Path | None,
         *,
         polling: bool,
-        on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self._core = core
         self._reloader = reloader
         self._root = root
         self._polling = polling
-        self._on_change = on_change  # told whether the model serves after each load/unload (health)
 
     def index(self, ready_only: bool = False) -> list[oip_pb2.RepositoryIndexResponse.ModelIndex]:
         runner = self._core.current
@@ -141,8 +138,6 @@ class Repository:
     def load(self, model_name: str, parameters) -> None:
         self._check(model_name, parameters, allowed=())
         name, version, swapped = self._reloader.load_latest(self._root)
-        if self._on_change is not None:
-            self._on_change(True)
         logger.info(
             "repository load of %s: serving version %s%s", name, version, "" if swapped else " (already)"
         )
@@ -151,8 +146,6 @@ class Repository:
         # tritonclient always sends unload_dependents; our model has no dependents, so it changes nothing.
         self._check(model_name, parameters, allowed=("unload_dependents",))
         self._reloader.unload()
-        if self._on_change is not None:
-            self._on_change(False)
 
     def _check(self, model_name: str, parameters, allowed: tuple[str, ...]) -> None:
         if self._polling:
