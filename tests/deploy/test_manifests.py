@@ -177,6 +177,7 @@ def test_server_ports_probes_and_services_match_its_flags():
     grpc_port, metrics_port = command.args.port, command.args.metrics_port
     assert container_port(container, "grpc") == grpc_port
     assert container_port(container, "metrics") == metrics_port
+    assert container_port(container, "http") == command.args.http_port  # Open Inference Protocol REST
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == grpc_port, probe
     assert container["readinessProbe"]["grpc"]["service"] == HEALTH_SERVICE
