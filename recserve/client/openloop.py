@@ -11,7 +11,6 @@ in the closed loop.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import random
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recserve.client.loadgen import PREDICT_METHOD, LoadgenConfig, requests_for
+from recserve.client.loadgen import PREDICT_METHOD, LoadgenConfig, fan_out, requests_for
 
 
 @dataclass(frozen=True)
@@ -127,25 +126,7 @@ def run_open_loop(cfg: OpenLoopConfig, requests: list[bytes] | None = None) -> O
     if requests is None:
         requests = requests_for(LoadgenConfig(cfg.target, request_batch=cfg.request_batch, seed=cfg.seed))
     nproc = cfg.processes or os.cpu_count() or 1
-    ctx = multiprocessing.get_context("spawn")
-    go, results = ctx.Event(), ctx.Queue()
-    procs, readies = [], []
-    for p in range(nproc):
-        ready = ctx.Event()
-        args = (cfg, requests, cfg.rate_rps / nproc, cfg.seed * 1000 + p, ready, go, results)
-        procs.append(ctx.Process(target=_process_main, args=args, daemon=True))
-        readies.append(ready)
-        procs[-1].start()
-    for ready in readies:
-        ready.wait(120)
-    go.set()
-    latencies: list[float] = []
-    errors: Counter = Counter()
-    for _ in procs:
-        lat, err = results.get(timeout=cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120)
-        latencies += lat
-        errors.update(err)
-    for p in procs:
-        p.join()
-    lat = np.asarray(latencies)
-    return OpenLoopResult(cfg.rate_rps, cfg.duration_s, cfg.request_batch, lat, dict(errors))
+    process_args = [(cfg, requests, cfg.rate_rps / nproc, cfg.seed * 1000 + p) for p in range(nproc)]
+    wait_s = cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120
+    latencies, errors = fan_out(_process_main, process_args, wait_s)
+    return OpenLoopResult(cfg.rate_rps, cfg.duration_s, cfg.request_batch, latencies, errors)
