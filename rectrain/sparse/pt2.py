@@ -30,4 +30,4 @@ def check_sizes(sizes: list[int]) -> None:
     needs no guard; a no-op in eager mode."""
     if is_pt2_compiling():
         for size in sizes:
-            torch._check_is_size(size)
+            torch._check(size >= 0)
