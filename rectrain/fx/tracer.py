@@ -16,7 +16,7 @@ from torch import fx, nn
 
 def is_fx_tracing() -> bool:
     """True while ``torch.fx`` symbolically traces (this tracer or torch's)."""
-    return fx._symbolic_trace.is_fx_tracing()
+    return fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
 class Tracer(fx.Tracer):

@@ -18,6 +18,14 @@ from rectrain.sparse import formatting, jagged_ops, validation
 class JaggedTensorMeta(abc.ABCMeta, torch.fx._symbolic_trace.ProxyableClassMeta):
     """Lets ``torch.fx`` record the construction of a sparse type from traced values as a graph node."""
 
+    def __call__(cls, *args, **kwargs):
+        # Outside fx symbolic tracing construct directly (torch's check would log a warning per process).
+        if not torch.fx._symbolic_trace.is_fx_symbolic_tracing():
+            instance = cls.__new__(cls)
+            cls.__init__(instance, *args, **kwargs)
+            return instance
+        return super().__call__(*args, **kwargs)
+
 
 @torch.fx.wrap
 def _arange_like_rows(values: Tensor) -> Tensor:
@@ -46,7 +54,9 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         weights: one weight per value (e.g. per-id scores of a weighted feature), or None.
         lengths: [B] row lengths; computed from ``offsets`` on first use when not given.
         offsets: [B + 1] row offsets; computed from ``lengths`` on first use when not given.
-        validate: check the data now (``validate()``); off by default, as constructors stay cheap.
+        validate: None (default): TorchRec's construction checks only (integer lengths/offsets; everything
+            under ``debug_checks``); True: also ``validate()`` now; False: no check at all (for callers
+            that check the data themselves).
     """
 
     def __init__(
@@ -55,7 +65,7 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
         weights: Tensor | None = None,
         lengths: Tensor | None = None,
         offsets: Tensor | None = None,
-        validate: bool = False,
+        validate: bool | None = None,
     ) -> None:
         self._values: Tensor = values
         self._weights: Tensor | None = weights
@@ -212,7 +222,7 @@ class JaggedTensor(metaclass=JaggedTensorMeta):
             weights=_to_or_none(self._weights, device, non_blocking),
             lengths=_to_or_none(self._lengths, device, non_blocking),
             offsets=_to_or_none(self._offsets, device, non_blocking),
-            validate=False,  # TorchScript applies no defaults to a class's own constructor in its methods
+            validate=None,  # TorchScript applies no defaults to a class's own constructor in its methods
         )
 
     @torch.jit.unused

@@ -28,7 +28,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         stride_per_key, length_per_key, lengths_offset_per_key, offset_per_key, index_per_key, jt_dict:
             caches of derived facts (passed by the methods that already know them).
         inverse_indices: VBE: ``(keys, [keys, batch] tensor)`` expanding deduplicated rows to the batch.
-        validate: check the data now (``validate()``); off by default, as constructors stay cheap.
+        validate: as for ``JaggedTensor`` (None: TorchRec's checks; True: ``validate()`` now; False: none).
     """
 
     def __init__(
@@ -47,7 +47,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         index_per_key: dict[str, int] | None = None,
         jt_dict: dict[str, JaggedTensor] | None = None,
         inverse_indices: InverseIndices | None = None,
-        validate: bool = False,
+        validate: bool | None = None,
     ) -> None:
         self._keys: list[str] = keys
         self._values: Tensor = values
@@ -444,7 +444,7 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         # fmt: off
         return KeyedJaggedTensor(
             keys, values, weights, lengths, offsets, self._stride,
-            None, None, None, None, None, None, None, None, False,
+            None, None, None, None, None, None, None, None, None,
         )
         # fmt: on
 

@@ -17,8 +17,8 @@ from rectrain.sparse.jagged import JaggedTensorMeta
 class KeyedTensor(metaclass=JaggedTensorMeta):
     """Dense tensors of several keys laid side by side along ``key_dim``.
 
-    ``validate=True`` checks now that the keys are unique and ``length_per_key`` tiles ``values``; the
-    constructor otherwise only stores its arguments.
+    ``validate=True`` checks now that the keys are unique and ``length_per_key`` tiles ``values`` (as does
+    ``debug_checks``, unless ``validate=False``); the constructor otherwise only stores its arguments.
     """
 
     def __init__(
@@ -29,7 +29,7 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
         key_dim: int = 1,
         offset_per_key: list[int] | None = None,
         index_per_key: dict[str, int] | None = None,
-        validate: bool = False,
+        validate: bool | None = None,
     ) -> None:
         self._keys: list[str] = keys
         self._length_per_key: list[int] = length_per_key
@@ -144,7 +144,7 @@ class KeyedTensor(metaclass=JaggedTensorMeta):
             key_dim=self._key_dim,
             offset_per_key=self._offset_per_key,
             index_per_key=self._index_per_key,
-            validate=False,  # TorchScript applies no defaults to a class's own constructor in its methods
+            validate=None,  # TorchScript applies no defaults to a class's own constructor in its methods
         )
 
     @torch.jit.unused

@@ -48,7 +48,7 @@ def checks_enabled() -> bool:
 
 def check_integer(tensor: Tensor | None, name: str) -> None:
     """AssertionError (as TorchRec's constructors raise) unless ``tensor`` is None, empty or integer."""
-    if tensor is not None and tensor.dtype not in _INTEGER_DTYPES and tensor.numel() != 0:
+    if isinstance(tensor, Tensor) and tensor.dtype not in _INTEGER_DTYPES and tensor.numel() != 0:
         raise AssertionError(f"{name} must be of integer type, but got {tensor.dtype}")
 
 
@@ -268,11 +268,11 @@ def validate_keyed_tensor(kt) -> None:
         )
 
 
-def construction_checks(owner, validate: bool) -> None:
-    """What a constructor checks outside TorchScript: TorchRec's integer-dtype assertion on lengths and
-    offsets, and everything ``validate()`` checks when asked to (``validate=True`` or ``debug_checks``).
-    Nothing here runs while a PT2 tracer traces (it would read data)."""
-    if torch.compiler.is_compiling():
+def construction_checks(owner, validate: bool | None) -> None:
+    """What a constructor checks outside TorchScript: with ``validate=None``, TorchRec's integer-dtype
+    assertion on lengths and offsets (and ``validate()`` under ``debug_checks``); with True, also
+    ``validate()``; with False, nothing. Nothing runs while a PT2 tracer traces (it would read data)."""
+    if validate is False or torch.compiler.is_compiling():
         return
     check_integer(owner.lengths_or_none(), "lengths")
     check_integer(owner.offsets_or_none(), "offsets")
@@ -280,7 +280,7 @@ def construction_checks(owner, validate: bool) -> None:
         owner.validate()
 
 
-def construction_checks_dense(owner, validate: bool) -> None:
+def construction_checks_dense(owner, validate: bool | None) -> None:
     """``construction_checks`` for a KeyedTensor (no lengths or offsets to check the dtype of)."""
-    if not torch.compiler.is_compiling() and (validate or _checks.get()):
+    if validate is not False and not torch.compiler.is_compiling() and (validate or _checks.get()):
         owner.validate()
