@@ -286,3 +286,10 @@ def test_conversion_modules():
 def test_weights_of_an_unweighted_kjt_is_an_error():
     with pytest.raises(RecTrainError, match="no weights"):
         features().weights()
+
+
+def test_tensor_dict_conversion_passes_kjts_through():
+    from rectrain.sparse.tensor_dict import maybe_td_to_kjt
+
+    kjt = features()
+    assert maybe_td_to_kjt(kjt) is kjt
