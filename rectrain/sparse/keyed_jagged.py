@@ -11,8 +11,9 @@ now. The constructor reads no tensor data; ``validate()`` checks it.
 import torch
 from torch import Tensor
 
-from rectrain.sparse import jagged_ops, kjt_layout, validation
-from rectrain.sparse.jagged import JaggedTensor, JaggedTensorMeta, _weights_or_throw, formatting
+from rectrain.sparse import formatting, jagged_ops, kjt_layout, validation
+from rectrain.sparse.jagged import JaggedTensor, JaggedTensorMeta, _weights_or_throw
+from rectrain.sparse.kjt_layout import jt_dict_of as _kjt_to_jt_dict
 
 InverseIndices = tuple[list[str], Tensor]
 
@@ -155,23 +156,16 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         self._stride_per_key_per_rank = (
             kjt._stride_per_key_per_rank if kjt.variable_stride_per_key() else None
         )
-        self._length_per_key = kjt._length_per_key
-        self._lengths_offset_per_key = kjt._lengths_offset_per_key
-        self._offset_per_key = kjt._offset_per_key
-        self._index_per_key = kjt._index_per_key
-        self._stride_per_key = kjt._stride_per_key
-        self._jt_dict = kjt._jt_dict
-        self._values.copy_(kjt._values, non_blocking=non_blocking)
-        for dst, src in [
-            (self._weights, kjt._weights),
-            (self._lengths, kjt._lengths),
-            (self._offsets, kjt._offsets),
-        ]:
-            if dst is not None and src is not None:
-                dst.copy_(src, non_blocking=non_blocking)
-        mine, theirs = self._inverse_indices, kjt._inverse_indices
-        if mine is not None and theirs is not None:
-            mine[1].copy_(theirs[1], non_blocking=non_blocking)
+        self._length_per_key, self._offset_per_key = kjt._length_per_key, kjt._offset_per_key
+        self._lengths_offset_per_key, self._stride_per_key = kjt._lengths_offset_per_key, kjt._stride_per_key
+        self._index_per_key, self._jt_dict = kjt._index_per_key, kjt._jt_dict
+        mine = self._inverse_indices
+        theirs = kjt._inverse_indices
+        kjt_layout.copy_tensors(
+            [self._values, self._weights, self._lengths, self._offsets, None if mine is None else mine[1]],
+            [kjt._values, kjt._weights, kjt._lengths, kjt._offsets, None if theirs is None else theirs[1]],
+            non_blocking,
+        )
         return self
 
     # ---------------------------------------------------------------------------------------------- access
@@ -349,17 +343,8 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 
     def size_in_bytes(self) -> int:
         """Bytes held by the tensors (values, weights, lengths, offsets and VBE strides, where present)."""
-        total = 0
-        for tensor in [
-            self._values,
-            self._weights,
-            self._lengths,
-            self._offsets,
-            self._stride_per_key_per_rank,
-        ]:
-            if tensor is not None:
-                total += tensor.element_size() * tensor.numel()
-        return total
+        tensors = [self._values, self._weights, self._lengths, self._offsets, self._stride_per_key_per_rank]
+        return kjt_layout.nbytes(tensors)
 
     # -------------------------------------------------------------------------------------- restructuring
 
@@ -398,27 +383,18 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
             indices_tensor = torch.tensor(indices, dtype=torch.int32, device=self.device())
         permuted_length_per_key = [length_per_key[i] for i in indices]
         per_rank = self._stride_per_key_per_rank if self.variable_stride_per_key() else None
-        if per_rank is not None:
-            lengths, values, weights = kjt_layout.permuted_tensors_vbe(
-                indices_tensor,
-                self.lengths(),
-                self._values,
-                self._weights,
-                self.stride_per_key(),
-                length_per_key,
-            )
-        else:
-            lengths, values, weights = kjt_layout.permuted_tensors(
-                indices_tensor,
-                self.lengths(),
-                self._values,
-                self._weights,
-                len(self._keys),
-                self.stride(),
-                kjt_layout.total(permuted_length_per_key),
-            )
+        tensors = kjt_layout.permuted_tensors(
+            indices_tensor,
+            self.lengths(),
+            self._values,
+            self._weights,
+            self.stride_per_key(),
+            length_per_key,
+            per_rank is not None,
+            kjt_layout.total(permuted_length_per_key),
+        )
         stride_per_key = self._stride_per_key
-        permuted = self._derived([self._keys[i] for i in indices], values, weights, lengths, None)
+        permuted = self._derived([self._keys[i] for i in indices], tensors[1], tensors[2], tensors[0], None)
         return permuted._with_strides(
             None if per_rank is None else per_rank[indices, :],
             None if stride_per_key is None else [stride_per_key[i] for i in indices],
@@ -605,7 +581,6 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
 # bind them once the class exists. (Instance methods build their results themselves: TorchScript compiles a
 # class's instance methods with the class, and a function taking the class would recurse into that.)
 from rectrain.sparse import kjt_dist  # noqa: E402
-from rectrain.sparse.kjt_layout import jt_dict_of as _kjt_to_jt_dict  # noqa: E402
 from rectrain.sparse.kjt_ops import (  # noqa: E402
     _kjt_concat,
     _kjt_empty_like_device,
@@ -613,6 +588,7 @@ from rectrain.sparse.kjt_ops import (  # noqa: E402
     _kjt_from_jt_dict,
 )
 
+# torch.fx records these as leaves (their bodies loop over their inputs).
 torch.fx.wrap("_kjt_concat")
 torch.fx.wrap("_kjt_empty_like_stride")
 torch.fx.wrap("_kjt_empty_like_device")

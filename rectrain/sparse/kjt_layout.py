@@ -96,38 +96,30 @@ def permuted_tensors(
     indices: Tensor,
     lengths: Tensor,
     values: Tensor,
-    weights: Tensor | None,
-    num_keys: int,
-    stride: int,
+    weights: Optional[Tensor],
+    stride_per_key: list[int],
+    length_per_key: list[int],
+    variable: bool,
     output_size: int,
 ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(lengths, values, weights) with key ``indices[i]`` moved to position i (fixed stride)."""
+    """(lengths, values, weights) with key ``indices[i]`` moved to position i; keys may repeat or be left
+    out. A fixed stride permutes [keys, stride] lengths; a variable one, per-key segments."""
+    if variable:
+        strides = torch.tensor(stride_per_key, dtype=lengths.dtype, device=lengths.device)
+        sizes = torch.tensor(length_per_key, dtype=torch.int64, device=lengths.device)
+        permuted_lengths, _ = jagged_ops.permute_by_segments(lengths, strides, indices)
+        permuted_values, permuted_weights = jagged_ops.permute_by_segments(values, sizes, indices, weights)
+        return permuted_lengths, permuted_values, permuted_weights
+    stride = stride_per_key[0]
     if not torch.jit.is_scripting() and pt2.is_torchdynamo_compiling():
         out = torch.ops.fbgemm.permute_2D_sparse_data_input1D(
             indices, lengths, values, stride, weights, output_size
         )
-        return out[0].view(-1), out[1], out[2]
-    out = torch.ops.fbgemm.permute_2D_sparse_data(
-        indices, lengths.view(num_keys, -1), values, weights, output_size
-    )
+    else:
+        out = torch.ops.fbgemm.permute_2D_sparse_data(
+            indices, lengths.view(len(stride_per_key), -1), values, weights, output_size
+        )
     return out[0].view(-1), out[1], out[2]
-
-
-def permuted_tensors_vbe(
-    indices: Tensor,
-    lengths: Tensor,
-    values: Tensor,
-    weights: Tensor | None,
-    stride_per_key: list[int],
-    length_per_key: list[int],
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """(lengths, values, weights) with key ``indices[i]`` moved to position i (variable stride per key)."""
-    device = lengths.device
-    strides = torch.tensor(stride_per_key, dtype=lengths.dtype, device=device)
-    sizes = torch.tensor(length_per_key, dtype=torch.int64, device=device)
-    permuted_lengths, _ = jagged_ops.permute_by_segments(lengths, strides, indices)
-    permuted_values, permuted_weights = jagged_ops.permute_by_segments(values, sizes, indices, weights)
-    return permuted_lengths, permuted_values, permuted_weights
 
 
 def jt_dict_of(
@@ -217,3 +209,20 @@ def pinned_tensors(tensors: list[Optional[Tensor]]) -> list[Optional[Tensor]]:
     for tensor in tensors:
         pinned.append(None if tensor is None else tensor.pin_memory())
     return pinned
+
+
+def nbytes(tensors: list[Optional[Tensor]]) -> int:
+    total = 0
+    for tensor in tensors:
+        if tensor is not None:
+            total += tensor.element_size() * tensor.numel()
+    return total
+
+
+def copy_tensors(
+    destinations: list[Optional[Tensor]], sources: list[Optional[Tensor]], non_blocking: bool
+) -> None:
+    """``destination.copy_(source)`` for each pair where both are present."""
+    for destination, source in zip(destinations, sources):
+        if destination is not None and source is not None:
+            destination.copy_(source, non_blocking=non_blocking)
