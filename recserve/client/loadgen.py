@@ -152,13 +152,18 @@ def _process_main(
     results.put((lat, dict(errors)))
 
 
+def requests_for(cfg: LoadgenConfig, count: int = 16) -> list[bytes]:
+    """``count`` serialized requests fitting the schema the server at ``cfg.target`` reports."""
+    with PredictorClient(cfg.target) as client:
+        client.wait_ready(30)
+        model = client.metadata()
+    return build_requests(model, cfg.request_batch, count, cfg.ids_per_feature, cfg.seed)
+
+
 def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> LoadgenResult:
     """Runs one closed-loop load test against ``cfg.target``."""
     if requests is None:
-        with PredictorClient(cfg.target) as client:
-            client.wait_ready(30)
-            model = client.metadata()
-        requests = build_requests(model, cfg.request_batch, 16, cfg.ids_per_feature, cfg.seed)
+        requests = requests_for(cfg)
     nproc = cfg.processes or min(cfg.concurrency, os.cpu_count() or 1)
     shares = [cfg.concurrency // nproc + (1 if i < cfg.concurrency % nproc else 0) for i in range(nproc)]
     ctx = multiprocessing.get_context("spawn")
@@ -199,12 +204,9 @@ def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> Load
 
 def sweep(cfg: LoadgenConfig, levels: list[int]) -> list[LoadgenResult]:
     """One run per concurrency level (same requests for all)."""
-    with PredictorClient(cfg.target) as client:
-        client.wait_ready(30)
-        model = client.metadata()
-    requests = build_requests(model, cfg.request_batch, 16, cfg.ids_per_feature, cfg.seed)
     from dataclasses import replace
 
+    requests = requests_for(cfg)
     return [run_loadgen(replace(cfg, concurrency=c), requests) for c in levels]
 
 
