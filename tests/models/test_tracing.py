@@ -128,6 +128,24 @@ def test_torch_compile_fullgraph(name):
     check_runs_like_eager(model, compiled, name)
 
 
+def test_export_of_a_weighted_ebc_pools_like_fbgemm():
+    """Weighted SUM and weighted MEAN (rectrain divides by the bag length) in plain ops match FBGEMM."""
+    torch.manual_seed(0)
+    model = EmbeddingBagCollection(tables=tables(), is_weighted=True)
+
+    def weighted(seed: int) -> KeyedJaggedTensor:
+        kjt = batch(seed)
+        scores = torch.rand(kjt.values().numel(), generator=torch.Generator().manual_seed(seed))
+        return KeyedJaggedTensor.from_lengths_sync(kjt.keys(), kjt.values(), kjt.lengths(), weights=scores)
+
+    program = torch.export.export(model, (weighted(0),))
+    with torch.no_grad():
+        for seed in (1, 2):
+            torch.testing.assert_close(
+                program.module()(weighted(seed)).values(), model(weighted(seed)).values()
+            )
+
+
 @pytest.mark.slow
 def test_torch_compile_inductor_dlrm():
     model = dlrm()
