@@ -131,7 +131,7 @@ class CompiledBackward:
         """Update ``weights`` and ``states`` (flat fp32 buffers) in place from the lookup's
         ``(grad_output, indices, offsets, per_sample_weights)``.
 
-        ``hyper`` is ``(lr, eps, beta1, beta2, weight_decay)``; ``step_sizes`` (Adam) one per table.
+        ``hyper`` is ``(lr, eps, 1 - beta1, 1 - beta2, weight_decay)``; ``step_sizes`` (Adam) one per table.
         """
         grad_output, indices, offsets, per_sample_weights = inputs
         batch = (offsets.numel() - 1) // self.layout.num_features

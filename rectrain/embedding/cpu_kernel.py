@@ -68,9 +68,11 @@ if njit is not None:
 
         return types.void(array, index), codegen
 
-    _jit = njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
+    # Reassociation vectorises the row reductions; no approximate division or sqrt, no NaN/inf assumptions.
+    _FAST = {"reassoc", "nsz", "contract"}
+    _jit = njit(nogil=True, cache=True, fastmath=_FAST, boundscheck=False)
     # Per-row helpers are inlined: a call passing numba arrays costs more than a row's work.
-    _inline = njit(nogil=True, cache=True, fastmath=True, boundscheck=False, inline="always")
+    _inline = njit(nogil=True, cache=True, fastmath=_FAST, boundscheck=False, inline="always")
 
     @_inline
     def _prefetch_row(array, start, length):
@@ -163,12 +165,13 @@ if njit is not None:
                 state1[s0 + d] = moment
                 weights[w0 + d] -= lr * acc[d] / (np.sqrt(moment) + eps)
         else:
-            beta1, beta2, decay = np.float32(hp[2]), np.float32(hp[3]), np.float32(hp[4])
+            # 1 - beta arrives rounded from double, as in torch's mul_(1 - beta) (fp32 1 - beta is 1e-5 off).
+            one_minus_beta1, one_minus_beta2, decay = np.float32(hp[2]), np.float32(hp[3]), np.float32(hp[4])
             step = np.float32(-step_size)
             for d in range(n):
                 g = acc[d] + decay * weights[w0 + d]
-                avg = (g - state1[s0 + d]) * (np.float32(1.0) - beta1) + state1[s0 + d]
-                avg_sq = (g * g - state2[s0 + d]) * (np.float32(1.0) - beta2) + state2[s0 + d]
+                avg = (g - state1[s0 + d]) * one_minus_beta1 + state1[s0 + d]
+                avg_sq = (g * g - state2[s0 + d]) * one_minus_beta2 + state2[s0 + d]
                 state1[s0 + d] = avg
                 state2[s0 + d] = avg_sq
                 weights[w0 + d] += avg / (np.sqrt(avg_sq) + eps) * step
@@ -239,7 +242,7 @@ if njit is not None:
         """Run ``tasks`` (``table * parts + part``) in turn; the first out-of-range id's position, or -1.
 
         ``grad`` is the flat output gradient, ``grad_width`` its row length; ``steps`` Adam's step size per
-        table; ``hp`` (lr, eps, beta1, beta2, weight_decay)."""
+        table; ``hp`` (lr, eps, 1 - beta1, 1 - beta2, weight_decay)."""
         has_weights = ids[2].size > 0
         scaled = has_weights or pooling == POOL_MEAN
         acc = np.empty(max(1, lay[DIMS].max()), np.float32)
