@@ -16,9 +16,8 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor
 
-from rectrain.embedding import cpu_kernel
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
-from rectrain.embedding.cpu_backward_runner import CompiledBackward
+from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
 from rectrain.embedding.sparse_adam import SparseAdamState, TBELayout, sparse_adam_update_, tbe_row_gradients
 
 
@@ -86,7 +85,7 @@ class CpuAdamLookup:
         pooling = PoolingType[tbe.pooling_mode.name]
         self._compiled = (
             CompiledBackward(self.layout, EmbOptimType.ADAM, pooling, self.layout.weights_offsets)
-            if cpu_kernel.available()
+            if compiled_ready()
             else None
         )
 

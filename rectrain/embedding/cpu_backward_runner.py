@@ -8,6 +8,8 @@ of ids each table read, and runs them with the GIL released.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import threading
 from collections.abc import Sequence
@@ -32,6 +34,7 @@ _POOLING_CODES = {
     PoolingType.MEAN: cpu_kernel.POOL_MEAN,
     PoolingType.NONE: cpu_kernel.POOL_NONE,
 }
+logger = logging.getLogger(__name__)
 _POOL_LOCK = threading.Lock()
 _POOL: list[ThreadPoolExecutor] = []
 _EMPTY_F32 = np.zeros(0, np.float32)
@@ -152,13 +155,14 @@ class CompiledBackward:
         store = tuple(_numpy(t, torch.float32) for t in (weights, *states))
         store += (_EMPTY_F32,) * (3 - len(store))
         steps = np.asarray(step_sizes if step_sizes is not None else [0.0] * len(ids_per_table), np.float64)
-        args = (parts, batch, self.pooling, self.optimizer, ids, grad.reshape(-1), grad.shape[1], self._lay)
+        args = (parts, batch, self.pooling, ids, grad.reshape(-1), grad.shape[1], self._lay)
         args += (store, steps, np.asarray(hyper, np.float64), self._counts)
+        run = cpu_kernel.RUN_TASKS[self.optimizer]
         jobs = [
-            _pool(len(worker_tasks) - 1).submit(cpu_kernel.run_tasks, tasks, *args, scratch[w])
+            _pool(len(worker_tasks) - 1).submit(run, tasks, *args, scratch[w])
             for w, tasks in enumerate(worker_tasks[1:], start=1)
         ]
-        bad = [cpu_kernel.run_tasks(worker_tasks[0], *args, scratch[0])] + [job.result() for job in jobs]
+        bad = [run(worker_tasks[0], *args, scratch[0])] + [job.result() for job in jobs]
         if max(bad) >= 0:
             pos = next(b for b in bad if b >= 0)
             raise ValueError(
@@ -171,3 +175,27 @@ def _numpy(tensor: Tensor, dtype: torch.dtype) -> np.ndarray:
 
     In-place buffers (weights, state) must already be contiguous in ``dtype``, or updates would be lost."""
     return tensor.detach().to(dtype).contiguous().numpy()
+
+
+@functools.cache
+def compiled_ready() -> bool:
+    """Whether the compiled backward runs here: numba imports and the kernel compiles (or loads from numba's
+    cache) and updates a tiny table correctly. Checked once per process; a failure is logged and the
+    callers fall back (FBGEMM's backward, or the torch-ops one)."""
+    if not cpu_kernel.available():
+        return False
+    try:
+        layout = TBELayout.from_tables([4], [4])
+        weights, state = torch.zeros(16), torch.zeros(4)
+        grad = torch.ones(1, 4)
+        inputs = (grad, torch.tensor([1, 1]), torch.tensor([0, 2]), None)
+        backward = CompiledBackward(layout, EmbOptimType.ROWWISE_ADAGRAD, PoolingType.SUM, [0])
+        backward.run(inputs, weights, [state], (1.0, 0.0, 0.0, 0.0, 0.0))
+        # the row's gradient is 2 (two ids), so momentum 4 and the weight moves by -2 / sqrt(4)
+        ok = bool(state[1] == 4.0) and bool((weights.view(4, 4)[1] == -1.0).all())
+    except Exception:  # noqa: BLE001 - any failure to build the kernel means: use the fallback
+        logger.warning("compiled CPU embedding backward unavailable; falling back", exc_info=True)
+        return False
+    if not ok:
+        logger.warning("compiled CPU embedding backward failed its self-check; falling back")
+    return ok

@@ -98,6 +98,29 @@ if njit is not None:
         return n
 
     @_jit
+    def _radix_sort(values, n):
+        """Sort ``values[:n]`` (non-negative int32) in place: LSD radix, 11 bits a pass (np.sort would add
+        seconds to the kernel's compile)."""
+        temp = np.empty(n, np.int32)
+        buckets = np.empty(2048, np.int64)
+        source, target = values, temp
+        for shift in range(0, 33, 11):
+            buckets[:] = 0
+            for i in range(n):
+                buckets[(source[i] >> shift) & 2047] += 1
+            running = 0
+            for b in range(2048):
+                c = buckets[b]
+                buckets[b] = running
+                running += c
+            for i in range(n):
+                digit = (source[i] >> shift) & 2047
+                target[buckets[digit]] = source[i]
+                buckets[digit] += 1
+            source, target = target, source
+        values[:n] = source[:n]  # three passes: the sorted run ends in ``temp``
+
+    @_jit
     def _order_rows(t, part, parts, n, lay, counts, uniq):
         """Pass 2: the owned rows in ascending order; ``counts[row]`` becomes the row's CSC start.
 
@@ -109,7 +132,7 @@ if njit is not None:
                 uniq[n] = r  # branch-free: about a third of the rows are read, at random
                 n += counts[base + r] != 0
         else:
-            uniq[:n] = np.sort(uniq[:n])
+            _radix_sort(uniq, n)
         running = 0
         for i in range(n):
             c = counts[base + uniq[i]]
@@ -212,19 +235,6 @@ if njit is not None:
             )
 
     @_jit
-    def _reduce_update(optimizer, t, n, scaled, grad, scratch, lay, counts, store, hp, step_size, acc):
-        """Pass 4. Each branch inlines the row loop with a constant optimizer, so that LLVM specialises it (a
-        run-time switch inside the loop made the pass 1.4x slower)."""
-        if optimizer == ROWWISE_ADAGRAD:
-            _rows_loop(ROWWISE_ADAGRAD, t, n, scaled, grad, scratch, lay, counts, store, hp, step_size, acc)
-        elif optimizer == SGD:
-            _rows_loop(SGD, t, n, scaled, grad, scratch, lay, counts, store, hp, step_size, acc)
-        elif optimizer == ADAGRAD:
-            _rows_loop(ADAGRAD, t, n, scaled, grad, scratch, lay, counts, store, hp, step_size, acc)
-        else:
-            _rows_loop(ADAM, t, n, scaled, grad, scratch, lay, counts, store, hp, step_size, acc)
-
-    @_jit
     def _undo_count(t, part, parts, batch, ids, lay, counts):
         """Zero the counts a task that met an out-of-range id had made, so ``counts`` stays all zero."""
         indices, offsets = ids[0], ids[1]
@@ -235,40 +245,48 @@ if njit is not None:
                 if 0 <= r < lay[ROWS][t] and (r & (parts - 1)) == part:
                     counts[lay[ROW_BASE][t] + r] = 0
 
-    @_jit
-    def run_tasks(
-        tasks, parts, batch, pooling, optimizer, ids, grad, grad_width, lay, store, steps, hp, counts, scratch
-    ):
-        """Run ``tasks`` (``table * parts + part``) in turn; the first out-of-range id's position, or -1.
+    def _make_run_tasks(optimizer):
+        """``run_tasks`` for one optimizer, a compile-time constant, so that LLVM specialises the row loop (a
+        run-time switch inside it made the pass 1.4x slower) and only the optimizers in use get compiled."""
 
-        ``grad`` is the flat output gradient, ``grad_width`` its row length; ``steps`` Adam's step size per
-        table; ``hp`` (lr, eps, 1 - beta1, 1 - beta2, weight_decay)."""
-        has_weights = ids[2].size > 0
-        scaled = has_weights or pooling == POOL_MEAN
-        acc = np.empty(max(1, lay[DIMS].max()), np.float32)
-        for k in range(tasks.shape[0]):
-            t, part = tasks[k] // parts, tasks[k] & (parts - 1)
-            n = _count(t, part, parts, batch, ids, lay, counts, scratch[0])
-            if n < 0:
-                _undo_count(t, part, parts, batch, ids, lay, counts)
-                return -n - 1
-            _order_rows(t, part, parts, n, lay, counts, scratch[0])
-            _bucket(
-                t,
-                part,
-                parts,
-                batch,
-                pooling,
-                has_weights,
-                ids,
-                lay,
-                grad_width,
-                counts,
-                scratch[1],
-                scratch[2],
-            )
-            _reduce_update(optimizer, t, n, scaled, grad, scratch, lay, counts, store, hp, steps[t], acc)
-        return -1
+        @_jit
+        def run_tasks(
+            tasks, parts, batch, pooling, ids, grad, grad_width, lay, store, steps, hp, counts, scratch
+        ):
+            """Run ``tasks`` (``table * parts + part``) in turn; the first out-of-range id's position, or -1.
+
+            ``grad`` is the flat output gradient, ``grad_width`` its row length; ``steps`` Adam's step size
+            per table; ``hp`` (lr, eps, 1 - beta1, 1 - beta2, weight_decay)."""
+            has_weights = ids[2].size > 0
+            scaled = has_weights or pooling == POOL_MEAN
+            acc = np.empty(max(1, lay[DIMS].max()), np.float32)
+            for k in range(tasks.shape[0]):
+                t, part = tasks[k] // parts, tasks[k] & (parts - 1)
+                n = _count(t, part, parts, batch, ids, lay, counts, scratch[0])
+                if n < 0:
+                    _undo_count(t, part, parts, batch, ids, lay, counts)
+                    return -n - 1
+                _order_rows(t, part, parts, n, lay, counts, scratch[0])
+                _bucket(
+                    t,
+                    part,
+                    parts,
+                    batch,
+                    pooling,
+                    has_weights,
+                    ids,
+                    lay,
+                    grad_width,
+                    counts,
+                    scratch[1],
+                    scratch[2],
+                )
+                _rows_loop(optimizer, t, n, scaled, grad, scratch, lay, counts, store, hp, steps[t], acc)
+            return -1
+
+        return run_tasks
+
+    RUN_TASKS = {optimizer: _make_run_tasks(optimizer) for optimizer in (SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM)}
 
 else:  # pragma: no cover
-    run_tasks = None
+    RUN_TASKS = {}

@@ -30,9 +30,8 @@ from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor
 
-from rectrain.embedding import cpu_kernel
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
-from rectrain.embedding.cpu_backward_runner import CompiledBackward
+from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
 from rectrain.embedding.torch_ops_backward import torch_ops_update_
 from rectrain.errors import ConfigError
 
@@ -59,19 +58,19 @@ def auto_choice() -> str:
         raise ConfigError(f"{ENV_VAR} must be auto, fbgemm or native; got {forced!r}")
     if forced != "auto":
         return forced
-    return "native" if cpu_kernel.available() else "fbgemm"
+    return "native" if compiled_ready() else "fbgemm"
 
 
 @functools.cache
 def _log_choice(choice: str, forced: str) -> None:
-    compiled = cpu_kernel.available()
+    compiled = compiled_ready()
     logger.info(
         "CPU fused embedding backward: %s (%s; %s=%s; compiled kernel %s; FBGEMM ISA %s)",
         choice,
         "chosen" if forced == "auto" else "forced",
         ENV_VAR,
         os.environ.get(ENV_VAR, "auto"),
-        "available" if compiled else "unavailable (numba not importable)",
+        "available" if compiled else "unavailable (numba missing or failed; see earlier warning)",
         "AVX-512" if cpu_has_avx512() else "AVX2 or older",
     )
 
@@ -134,7 +133,7 @@ class NativeFusedLookup:
         self._placeholder = torch.zeros(0, requires_grad=True)
         self._compiled = (
             CompiledBackward(self.layout, self.optimizer, self.pooling, self._state_offsets())
-            if cpu_kernel.available()
+            if compiled_ready()
             else None
         )
 
