@@ -3,10 +3,10 @@
 One *task* is one table, or one part of a table's rows (``row % parts == part``, ``parts`` a power of two)
 when there are fewer tables than threads. A task turns the ids it owns from CSR (bags) into CSC (rows) with a
 counting sort, then makes one pass over its rows in ascending order: it sums each row's output-gradient rows
-(scaled by the per-sample weight, or 1/length for MEAN) and updates the row's weights and optimizer state in
-place, prefetching the rows it will update next. Ascending order and prefetching make the update run at
-memory speed (measured: rows in first-seen order took 1.8x as long), as the rows a batch reads are scattered
-over tables far larger than the caches.
+(scaled by the per-sample weight, and by 1/length under MEAN) and updates the row's weights and optimizer
+state in place, prefetching the rows it will update next. Ascending order and prefetching make the update
+run at memory speed (measured: rows in first-seen order took 1.8x as long), as the rows a batch reads are
+scattered over tables far larger than the caches.
 
 ``counts`` (one int32 per table row, zero between steps) is shared by all tasks; each row belongs to one
 task, so tasks never touch the same entry. The rest of a task's scratch is its worker's own. A row's
@@ -159,10 +159,10 @@ if njit is not None:
                         src[slot] = pos * grad_width
                     else:
                         src[slot] = (bag - f * batch) * grad_width + lay[FEATURE_COL][f]
-                    if has_weights:
+                    if pooling == POOL_MEAN:
+                        scale[slot] = psw[pos] * inverse_length if has_weights else inverse_length
+                    elif has_weights:
                         scale[slot] = psw[pos]
-                    elif pooling == POOL_MEAN:
-                        scale[slot] = inverse_length
 
     @_inline
     def _update_row(optimizer, w0, s0, dim, store, acc, hp, step_size):

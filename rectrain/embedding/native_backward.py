@@ -7,9 +7,11 @@ in one pass, tables (or row parts of a table) spread over all threads. Where num
 same update runs with torch ops (``rectrain.embedding.torch_ops_backward``), which is slower than FBGEMM.
 
 The math is FBGEMM's (``split_embedding_backward_codegen_*_cpu``): exact (coalesced) SGD, element-wise
-Adagrad ``m += g*g; w -= lr * g / (sqrt(m) + eps)``, row-wise Adagrad with ``m += mean(g*g)``; with
-per-sample weights FBGEMM scales by the weight alone (also under MEAN), and so does this. Weight decay is
-left to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's own buffers, so
+Adagrad ``m += g*g; w -= lr * g / (sqrt(m) + eps)``, row-wise Adagrad with ``m += mean(g*g)``. One
+difference: under weighted MEAN pooling FBGEMM 1.8.0's CPU backward scales ids by their weight alone, while
+its forward divides by the bag length; ours uses the true gradient, weight / length (the collections run
+weighted MEAN tables as SUM and divide afterwards, so only direct TBE users see this). Weight decay is left
+to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's own buffers, so
 checkpoints and kernels are interchangeable: either backward may continue a run the other started.
 
 Which kernel runs (``FusedOptimizerConfig.cpu_backward``, or ``RECTRAIN_CPU_BACKWARD`` for ``auto``):

@@ -36,15 +36,13 @@ class RowGrads(NamedTuple):
 def _feature_scales(
     offsets: Tensor, lo_bag: int, batch: int, pooling: PoolingType, weights: Tensor | None, lo: int, hi: int
 ) -> Tensor | None:
-    """Per id of one feature, the factor its bag's gradient is scaled by (None: all ones)."""
-    # FBGEMM's CPU kernels weight ids by per-sample weights alone, also under MEAN pooling.
-    if weights is not None:
-        return weights[lo:hi].float()
+    """Per id of one feature, the factor its bag's gradient is scaled by (None: all ones): the per-sample
+    weight, divided by the bag's length under MEAN (the true gradient of FBGEMM's weighted MEAN forward)."""
     if pooling is not PoolingType.MEAN:
-        return None
+        return None if weights is None else weights[lo:hi].float()
     lengths = offsets[lo_bag : lo_bag + batch + 1].diff()
-    inv = lengths.clamp(min=1).float().reciprocal()
-    return torch.repeat_interleave(inv, lengths, output_size=hi - lo)
+    inv = torch.repeat_interleave(lengths.clamp(min=1).float().reciprocal(), lengths, output_size=hi - lo)
+    return inv if weights is None else inv.mul_(weights[lo:hi].float())
 
 
 def table_row_grads(
@@ -163,10 +161,11 @@ def batched_row_grads(
         # Pooled output [B, F * D] viewed as [B * F, D]: sample b's block of feature f is row b * F + f.
         source = (bag - feature * batch).mul_(num_features).add_(feature)
         source_table = grad_output.reshape(batch * num_features, dim)
-        if per_sample_weights is not None:
-            scale = per_sample_weights.float()
-        elif pooling is PoolingType.MEAN:
+        if pooling is PoolingType.MEAN:
             scale = lengths.clamp(min=1).float().reciprocal().index_select(0, bag)
+        if per_sample_weights is not None:
+            weights = per_sample_weights.float()
+            scale = weights if scale is None else scale.mul_(weights)
     sorted_keys, order = torch.sort(keys)
     rows, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
     bag_offsets = torch.zeros(rows.numel(), dtype=torch.int64)
