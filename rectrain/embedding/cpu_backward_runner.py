@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,16 +37,21 @@ _POOLING_CODES = {
 }
 logger = logging.getLogger(__name__)
 _POOL_LOCK = threading.Lock()
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: list[tuple[ThreadPoolExecutor, int]] = []  # (pool, pid that made it)
 _EMPTY_F32 = np.zeros(0, np.float32)
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """One process-wide pool with at least ``workers`` threads (the calling thread is one more worker)."""
+    """One process-wide pool with at least ``workers`` threads (the calling thread is one more worker).
+
+    Re-made after a fork: the child inherits the pool object but none of its threads."""
     with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < workers:  # noqa: SLF001 - no public accessor
-            _POOL[:] = [ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rectrain-emb-bwd")]
-        return _POOL[0]
+        stale = not _POOL or _POOL[0][1] != os.getpid() or _POOL[0][0]._max_workers < workers  # noqa: SLF001
+        if stale:
+            _POOL[:] = [
+                (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rectrain-emb-bwd"), os.getpid())
+            ]
+        return _POOL[0][0]
 
 
 def _i64(values: Sequence[int]) -> np.ndarray:
