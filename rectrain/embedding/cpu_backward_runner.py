@@ -61,8 +61,8 @@ def _i64(values: Sequence[int]) -> np.ndarray:
 def split_tasks(ids_per_table: Sequence[int], workers: int) -> tuple[int, list[np.ndarray]]:
     """Row parts per table and, per worker, its task list (``table * parts + part``), balanced by ids.
 
-    Tables with fewer ids than a worker's fair share are split into row parts so that even one table keeps
-    every worker busy; tasks go largest first to the least loaded worker.
+    With fewer than two tables read per worker, every table is split into row parts (a power of two) so
+    that even one table keeps every worker busy; tasks go largest first to the least loaded worker.
     """
     read = [t for t, n in enumerate(ids_per_table) if n]
     wanted = math.ceil(2 * workers / max(1, len(read))) if workers > 1 else 1
