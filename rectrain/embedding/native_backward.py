@@ -15,9 +15,12 @@ to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's ow
 checkpoints and kernels are interchangeable: either backward may continue a run the other started.
 
 Which kernel runs (``FusedOptimizerConfig.cpu_backward``, or ``RECTRAIN_CPU_BACKWARD`` for ``auto``):
-``auto`` takes the compiled kernel wherever it can run — measured faster than FBGEMM's backward both with
-FBGEMM's AVX-512 and its AVX2 code (README, "Embedding backward on CPU") — and FBGEMM otherwise. A fixed rule
-rather than a timing calibration: a run's kernel, and so its bits, must not depend on machine noise.
+``auto`` keeps FBGEMM where it has AVX-512 code and takes the compiled kernel elsewhere (where it compiles;
+FBGEMM otherwise). Measured on a 2-core AVX-512 Xeon: one thread of ours costs 1.4-1.6x the CPU time of
+FBGEMM's AVX-512 backward, so there ours is not reliably faster (it is at 2 threads on a loaded machine,
+where FBGEMM's OpenMP barriers stall); without AVX-512 FBGEMM's backward can be several times slower
+(issue 13: 105 ms on an AVX2 EPYC, serial CSR->CSC), where ours does not depend on FBGEMM's ISA. A fixed
+rule rather than a timing calibration: a run's kernel, and so its bits, must not depend on machine noise.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def auto_choice() -> str:
         raise ConfigError(f"{ENV_VAR} must be auto, fbgemm or native; got {forced!r}")
     if forced != "auto":
         return forced
-    return "native" if compiled_ready() else "fbgemm"
+    return "native" if not cpu_has_avx512() and compiled_ready() else "fbgemm"
 
 
 @functools.cache

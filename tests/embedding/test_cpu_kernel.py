@@ -153,8 +153,9 @@ def test_split_tasks_balances_by_ids_and_splits_few_tables() -> None:
     assert parts == 1 and [w.tolist() for w in tasks] == [[0, 1]]
 
 
-def test_auto_picks_the_compiled_kernel_and_logs_once(monkeypatch, caplog) -> None:
+def test_auto_picks_the_compiled_kernel_without_avx512_and_logs_once(monkeypatch, caplog) -> None:
     monkeypatch.delenv(native_backward.ENV_VAR, raising=False)
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")  # FBGEMM's AVX2 kernels, as on an AVX2 CPU
     native_backward._log_choice.cache_clear()
     tables = make_tables((8, 8, 8))
     with caplog.at_level(logging.INFO, logger="rectrain.embedding.native_backward"):
@@ -164,8 +165,12 @@ def test_auto_picks_the_compiled_kernel_and_logs_once(monkeypatch, caplog) -> No
     assert len(lines) == 1 and lines[0].startswith("CPU fused embedding backward: native (chosen")
 
 
-def test_auto_without_the_compiled_kernel_keeps_fbgemm(monkeypatch) -> None:
+def test_auto_keeps_fbgemm_on_avx512_or_without_the_compiled_kernel(monkeypatch) -> None:
     monkeypatch.delenv(native_backward.ENV_VAR, raising=False)
+    monkeypatch.setattr(native_backward, "cpu_has_avx512", lambda: True)
+    assert native_backward.auto_choice() == "fbgemm"
+    monkeypatch.setattr(native_backward, "cpu_has_avx512", lambda: False)
+    assert native_backward.auto_choice() == "native"
     monkeypatch.setattr(native_backward, "compiled_ready", lambda: False)
     assert native_backward.auto_choice() == "fbgemm"
     monkeypatch.setenv(native_backward.ENV_VAR, "native")
