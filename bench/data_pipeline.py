@@ -136,8 +136,13 @@ def bench_training(data: Path, world_size: int, prefetch: int, a: argparse.Names
         str(a.rounds),
         "--set",
         f"train.batch_size={a.batch_size}",
+        "--set",
+        f"data.prefetch={prefetch}",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ})
+    env = dict(os.environ)
+    if world_size == 1 and a.threads:
+        env["OMP_NUM_THREADS"] = str(a.threads)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     lines = done.stdout.splitlines()

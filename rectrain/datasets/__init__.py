@@ -3,7 +3,8 @@ converted columnar data and Parquet (``ColumnarDataset``); ``write_synthetic_cri
 Criteo-format file and ``convert`` turns text into columnar data (``rectrain data convert``).
 
 Each is an ``IterableDataset`` that batches internally, so use ``DataLoader(ds, batch_size=None,
-num_workers=N)``; every rank and worker reads its own share (see ``sharding``).
+num_workers=N)``; every rank and worker reads its own share. File sources are read in global windows from a
+``DataPosition`` that does not depend on the number of ranks (see ``windows``).
 """
 
 from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset
@@ -13,6 +14,7 @@ from rectrain.datasets.factory import DatasetConfig, build_dataset
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset
 from rectrain.datasets.rows import MalformedRowError, RowStats
 from rectrain.datasets.synthetic import SyntheticConfig, SyntheticDataset
+from rectrain.datasets.windows import DataPosition, Holdout
 
 __all__ = [
     "ColumnarConfig",
@@ -21,7 +23,9 @@ __all__ = [
     "DEFAULT_INT_NAMES",
     "CriteoConfig",
     "CriteoDataset",
+    "DataPosition",
     "DatasetConfig",
+    "Holdout",
     "MalformedRowError",
     "MovieLensConfig",
     "MovieLensDataset",

@@ -32,13 +32,13 @@ def _table_sizes(text: str) -> int | list[int]:
     return sizes[0] if len(sizes) == 1 else sizes
 
 
-def _dataset_config(args: argparse.Namespace) -> CriteoConfig | MovieLensConfig:
+def _source_config(args: argparse.Namespace) -> CriteoConfig | MovieLensConfig:
     from rectrain.datasets.criteo import CriteoConfig
     from rectrain.datasets.movielens import MovieLensConfig
 
     if args.config:
         from rectrain.train.config import RunConfig
-        from rectrain.train.data import file_dataset_config
+        from rectrain.train.data import source_config
 
         overrides = [*(args.set or []), *(["data.strict=true"] if args.strict else [])]
         run = RunConfig.load(args.config, overrides)
@@ -47,7 +47,7 @@ def _dataset_config(args: argparse.Namespace) -> CriteoConfig | MovieLensConfig:
                 f"{args.config}: data.source is {run.data.source!r}; convert reads criteo or movielens"
             )
         paths = args.files or run.data.paths
-        config = file_dataset_config(run, list(paths))
+        config = source_config(run, list(paths))
         assert isinstance(config, (CriteoConfig, MovieLensConfig))
         return config
     if not args.files:
@@ -67,7 +67,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     from rectrain.datasets.convert import convert
 
-    config = _dataset_config(args)
+    config = _source_config(args)
     with tqdm(
         unit=" rows", unit_scale=True, disable=args.no_progress, file=sys.stderr, desc="convert"
     ) as bar:

@@ -26,14 +26,13 @@ from rectrain.datasets.columnar.writer import (
 )
 from rectrain.datasets.criteo import DEFAULT_INT_NAMES, CriteoConfig
 from rectrain.datasets.criteo_columns import iter_criteo_columns
+from rectrain.datasets.lines import RowParser, numbered_lines
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
-from rectrain.datasets.movielens import MovieLensConfig, _layout, parse_rating_line
-from rectrain.datasets.rows import RowStats, iter_rows
-from rectrain.datasets.sharding import ShardInfo
+from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset, is_rating_header
+from rectrain.datasets.rows import RowStats, check_data_file
 
 logger = logging.getLogger(__name__)
 
-_ALL = ShardInfo(0, 1)
 _MOVIELENS_CHUNK = 1 << 16
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray]  # labels [n], dense [n, D], ids [n, K]
 
@@ -55,28 +54,25 @@ class ConvertResult:
 def _criteo_rows(config: CriteoConfig, stats: RowStats) -> Iterator[Rows]:
     rows = config.table_rows()
     for path in config.paths:
-        for block in iter_criteo_columns(path, rows, _ALL.owns_each, stats, strict=config.strict):
+        for block in iter_criteo_columns(path, rows, stats, strict=config.strict):
             yield block.labels, block.dense, block.ids
 
 
 def _movielens_rows(config: MovieLensConfig, stats: RowStats) -> Iterator[Rows]:
-    for path in config.paths:
-        layout = _layout(path)
-
-        def parse(line: str, layout: str | None = layout) -> tuple[int, int, float] | None:
-            return parse_rating_line(line, layout or "dat")
-
-        rows = iter_rows(path, parse, _ALL, stats, strict=config.strict)
-        while chunk := list(itertools.islice(rows, _MOVIELENS_CHUNK)):
-            users, movies, ratings = zip(*chunk)
-            ids = np.stack(  # parsed ids are in [0, 2**63): int64 holds them
-                [
-                    np.array(users, dtype=np.int64) % config.num_user_embeddings,
-                    np.array(movies, dtype=np.int64) % config.num_movie_embeddings,
-                ],
-                axis=1,
-            )
-            yield np.array(ratings, dtype=np.float32), np.zeros((len(chunk), 0), np.float32), ids
+    starts: list[tuple[int, int]] = []
+    parse = RowParser(config.paths, starts, MovieLensDataset.parse_line, stats, strict=config.strict)
+    lines = numbered_lines(config.paths, starts, is_rating_header)
+    parsed = (row for index, text in lines if (row := parse(index, text)) is not None)
+    while chunk := list(itertools.islice(parsed, _MOVIELENS_CHUNK)):
+        users, movies, ratings = zip(*chunk)
+        ids = np.stack(  # parsed ids are in [0, 2**63): int64 holds them
+            [
+                np.array(users, dtype=np.int64) % config.num_user_embeddings,
+                np.array(movies, dtype=np.int64) % config.num_movie_embeddings,
+            ],
+            axis=1,
+        )
+        yield np.array(ratings, dtype=np.float32), np.zeros((len(chunk), 0), np.float32), ids
 
 
 def _template(config: CriteoConfig | MovieLensConfig) -> ColumnarManifest:
@@ -117,8 +113,7 @@ def convert(
     """Convert ``config.paths`` into ``directory``; ``on_rows(n)`` is told of every block written."""
     directory = Path(directory)
     for path in config.paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"data file {path} does not exist or is not a file")
+        check_data_file(path)
     prepare_output_dir(directory, overwrite)
     start = time.perf_counter()
     stats = RowStats()

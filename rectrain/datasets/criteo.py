@@ -11,6 +11,7 @@ Rows are validated column by column (see ``rows`` for the malformed-row policy).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import string
@@ -18,11 +19,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import batch_from_arrays, make_batch, one_id_per_example
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
-from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.datasets.lines import TextDataset, log_skipped
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowPolicy, parse_int
+from rectrain.datasets.sharding import worker_shard
+from rectrain.datasets.windows import BatchAt
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -116,54 +118,57 @@ def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float],
     return int(cols[0]), dense, ids
 
 
-class CriteoDataset(IterableDataset):
-    """Batches of this rank's and DataLoader worker's share of the files (every k-th line of each file).
+class CriteoDataset(TextDataset[tuple[int, list[float], list[int]]]):
+    """Batches of this rank's and DataLoader worker's share of the files: its block of every global window
+    (see ``lines.TextDataset``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
 
-    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``. ``stats`` counts rows read and skipped in
-    this process. Ranks may end up with one batch more or fewer than each other (line counts differ by at
-    most one per file); set ``drop_last`` and equal-sized files when every rank must see the same count.
+    ``config.parser="columns"`` parses the lines of this reader's blocks with NumPy (``criteo_columns``),
+    ``"lines"`` one at a time in Python; both give the same batches at the same positions.
     """
 
-    def __init__(self, config: CriteoConfig, rank: int = 0, world_size: int = 1) -> None:
-        check_rank(rank, world_size)
-        self.config, self.rank, self.world_size = config, rank, world_size
-        self.stats = RowStats()
-        self._rows = config.table_rows()
+    config: CriteoConfig
 
-    def _parse(self, line: str) -> tuple[int, list[float], list[int]]:
+    @functools.cached_property
+    def _rows(self) -> list[int]:
+        return self.config.table_rows()
+
+    def parse_line(self, line: str, path: str) -> tuple[int, list[float], list[int]]:
         return parse_criteo_line(line, self._rows)
 
-    def _rows_of_shard(self) -> Iterator[tuple[int, list[float], list[int]]]:
-        shard = current_shard(self.rank, self.world_size)
-        for path in self.config.paths:
-            yield from iter_rows(path, self._parse, shard, self.stats, strict=self.config.strict)
-
-    def __iter__(self) -> Iterator[Batch]:
+    def windows(self) -> Iterator[BatchAt]:
         if self.config.parser == "lines":
-            return self._line_batches()
-        return self._column_batches()
+            return super().windows()
+        return self._column_windows()
 
-    def _line_batches(self) -> Iterator[Batch]:
+    def _column_windows(self) -> Iterator[BatchAt]:
+        from rectrain.datasets.block_windows import block_windows
+        from rectrain.datasets.criteo_columns import parse_parts
+
+        cfg, worker = self.config, worker_shard(self.rank, self.world_size)
+        policy = RowPolicy(self.stats, cfg.strict)
+        for rows, end in block_windows(
+            cfg.paths,
+            lambda parts: parse_parts(parts, self._rows, policy),
+            batch_size=cfg.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            owned=worker.owns,
+            start_row=self.start_row,
+            select=self.select,
+            drop_last=cfg.drop_last,
+        ):
+            yield BatchAt(batch_from_arrays(cfg.cat_feature_names, rows.labels, rows.dense, rows.ids.T), end)
+        log_skipped(self.stats, self.rank, worker)
+
+    def make_batch(self, rows: list[tuple[int, list[float], list[int]]]) -> Batch:
         keys = self.config.cat_feature_names
-        for chunk in batched(self._rows_of_shard(), self.config.batch_size, self.config.drop_last):
-            labels, dense, ids = zip(*chunk)
-            values, lengths = one_id_per_example(keys, torch.tensor(ids, dtype=torch.int64))
-            yield make_batch(
-                dense=torch.tensor(dense, dtype=torch.float32),
-                keys=keys,
-                values=values,
-                lengths=lengths,
-                labels=torch.tensor(labels, dtype=torch.float32),
-            )
-
-    def _column_batches(self) -> Iterator[Batch]:
-        from rectrain.datasets.criteo_columns import iter_criteo_columns, rebatch
-
-        cfg, shard = self.config, current_shard(self.rank, self.world_size)
-        chunks = (
-            chunk
-            for path in cfg.paths
-            for chunk in iter_criteo_columns(path, self._rows, shard.owns_each, self.stats, strict=cfg.strict)
+        labels, dense, ids = zip(*rows) if rows else ((), (), ())
+        ids_tensor = torch.tensor(ids, dtype=torch.int64).reshape(len(rows), NUM_SPARSE)
+        values, lengths = one_id_per_example(keys, ids_tensor)
+        return make_batch(
+            dense=torch.tensor(dense, dtype=torch.float32).reshape(len(rows), NUM_DENSE),
+            keys=keys,
+            values=values,
+            lengths=lengths,
+            labels=torch.tensor(labels, dtype=torch.float32),
         )
-        for rows in rebatch(chunks, cfg.batch_size, cfg.drop_last):
-            yield batch_from_arrays(cfg.cat_feature_names, rows.labels, rows.dense, rows.ids.T)

@@ -1,6 +1,6 @@
 """Criteo TSV rows parsed a block at a time with NumPy: the rows, values and errors of ``parse_criteo_line``.
 
-Per block of lines (``line_blocks``), the lines this shard owns are split at their tabs and every field is
+Per block of lines (``line_blocks``), the lines a reader wants are split at their tabs and every field is
 decoded from the (up to) 16 bytes that end it, read as little-endian 64-bit words and turned into numbers with
 bit arithmetic (SWAR: eight characters per integer operation). The fast path takes the common shape:
 
@@ -17,12 +17,13 @@ reader (``log1p_exact``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from rectrain.datasets.block_windows import BlockLines
 from rectrain.datasets.criteo import NUM_DENSE, NUM_SPARSE, parse_criteo_line
 from rectrain.datasets.line_blocks import DEFAULT_BLOCK_BYTES, LineBlock, iter_line_blocks
 from rectrain.datasets.rows import RowError, RowPolicy, RowStats
@@ -34,35 +35,31 @@ _ZERO_CHARS, _LOWER = _U(0x3030303030303030), _U(0x2020202020202020)
 # KEEP[n]: the last n bytes of a little-endian word (the n characters that end a field).
 _KEEP = np.array([0] + [((1 << 8 * n) - 1) << 8 * (8 - n) for n in range(1, 9)], dtype=np.uint64)
 _TABS = NUM_DENSE + NUM_SPARSE  # tabs in a line of 40 columns
-#: Which of these 0-based line numbers to read (a boolean mask), e.g. ``ShardInfo.owns_each``.
-Select = Callable[[np.ndarray], np.ndarray]
 _ULPS_WINDOW = 2.0**-49  # 8 float64 ulps, relative
 _MAX_FAST_DIGITS = 16
 
 
 @dataclass
 class CriteoColumns:
-    """Parsed rows in line order: labels ``[n]`` and dense ``[n, 13]`` float32, ids ``[n, 26]`` int64, and
-    each row's 0-based line number ``lines`` ``[n]`` (a windowed reader groups rows by it)."""
+    """Parsed rows in line order: labels ``[n]`` and dense ``[n, 13]`` float32, ids ``[n, 26]`` int64."""
 
     labels: np.ndarray
     dense: np.ndarray
     ids: np.ndarray
-    lines: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def take(self, index: np.ndarray | slice) -> CriteoColumns:
-        return CriteoColumns(self.labels[index], self.dense[index], self.ids[index], self.lines[index])
+        return CriteoColumns(self.labels[index], self.dense[index], self.ids[index])
 
 
 @dataclass
 class ParsedBlock:
-    """A block's good rows, and its malformed lines as ``(1-based line, error, good rows before it)``."""
+    """A block's good rows, and its malformed lines as ``(1-based line in the file, error)``."""
 
     columns: CriteoColumns
-    errors: list[tuple[int, RowError, int]]
+    errors: list[tuple[int, RowError]]
 
 
 def log1p_exact(values: np.ndarray) -> np.ndarray:
@@ -194,67 +191,48 @@ def _fast_rows(block: LineBlock, lines: np.ndarray, modulus: np.ndarray):
     return taken, (label[ok] == ord("1")).astype(np.float32), dense, ids[ok]
 
 
-def parse_block(block: LineBlock, rows: Sequence[int], select: Select, first_line: int = 0) -> ParsedBlock:
-    """The lines of ``block`` that ``select`` keeps, parsed (line numbers start at ``first_line`` for the
-    file's first line); lines the fast path leaves go through the exact line parser."""
-    numbers = first_line + block.first_line + np.arange(len(block), dtype=np.int64)
-    lines = np.flatnonzero(select(numbers))
+def parse_block(block: LineBlock, rows: Sequence[int], lines: np.ndarray) -> ParsedBlock:
+    """Lines ``lines`` (indices into ``block``, increasing) parsed; the lines the fast path leaves go through
+    the exact line parser."""
     modulus = np.asarray(rows, dtype=np.uint64) - _U(1)
     taken, labels, dense, ids = _fast_rows(block, lines, modulus)
     if len(taken) == len(lines):
-        return ParsedBlock(CriteoColumns(labels, dense, ids, numbers[lines]), [])
+        return ParsedBlock(CriteoColumns(labels, dense, ids), [])
     n = len(lines)
     out = CriteoColumns(
-        np.empty(n, np.float32),
-        np.empty((n, NUM_DENSE), np.float32),
-        np.empty((n, NUM_SPARSE), np.int64),
-        numbers[lines],
+        np.empty(n, np.float32), np.empty((n, NUM_DENSE), np.float32), np.empty((n, NUM_SPARSE), np.int64)
     )
     out.labels[taken], out.dense[taken], out.ids[taken] = labels, dense, ids
     good = np.zeros(n, dtype=bool)
     good[taken] = True
-    bad: list[tuple[int, RowError]] = []
+    errors: list[tuple[int, RowError]] = []
     for i in np.flatnonzero(~good).tolist():
         try:
             out.labels[i], out.dense[i], out.ids[i] = parse_criteo_line(block.line_text(lines[i]), rows)
             good[i] = True
         except RowError as e:
-            bad.append((i, e))
-    good_before = np.concatenate([[0], np.cumsum(good)])
-    errors = [(block.first_line + int(lines[i]) + 1, e, int(good_before[i])) for i, e in bad]
+            errors.append((block.first_line + int(lines[i]) + 1, e))
     return ParsedBlock(out.take(good), errors)
 
 
 def iter_criteo_columns(
     path: str | Path,
     rows: Sequence[int],
-    select: Select,
     stats: RowStats,
     *,
     strict: bool = False,
-    first_line: int = 0,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
-) -> Generator[CriteoColumns, None, int]:
-    """The lines of ``path`` that ``select`` keeps, parsed into column blocks in order; returns the file's
-    number of lines. ``select`` gets line numbers (0-based, the file's first being ``first_line``) and
-    returns which to read, e.g. ``ShardInfo.owns_each``. Malformed lines go to ``RowPolicy``, reported with
-    their 1-based line in the file (with ``strict``, the rows before the first one are yielded, then it
-    raises)."""
-    policy = RowPolicy(path, stats, strict)
-    lines = 0
+) -> Iterator[CriteoColumns]:
+    """Every line of ``path`` parsed, in column blocks in order (the converter's reader); malformed lines go
+    to ``RowPolicy``, reported with their 1-based line in the file."""
+    policy = RowPolicy(stats, strict)
     for block in iter_line_blocks(path, block_bytes):
-        lines += len(block)
-        parsed = parse_block(block, rows, select, first_line)
-        for line, error, before in parsed.errors:
-            if strict and before:
-                stats.rows_read += before
-                yield parsed.columns.take(slice(0, before))
-            policy.bad_row(line, error)
+        parsed = parse_block(block, rows, np.arange(len(block)))
+        for line, error in parsed.errors:
+            policy.bad_row(str(path), line, error)
         stats.rows_read += len(parsed.columns)
         if len(parsed.columns):
             yield parsed.columns
-    policy.file_done()
-    return lines
 
 
 def concat_columns(parts: Sequence[CriteoColumns]) -> CriteoColumns:
@@ -265,22 +243,21 @@ def concat_columns(parts: Sequence[CriteoColumns]) -> CriteoColumns:
         np.concatenate([p.labels for p in parts]),
         np.concatenate([p.dense for p in parts]),
         np.concatenate([p.ids for p in parts]),
-        np.concatenate([p.lines for p in parts]),
     )
 
 
-def rebatch(chunks: Iterable[CriteoColumns], batch_size: int, drop_last: bool) -> Iterator[CriteoColumns]:
-    """Blocks of exactly ``batch_size`` rows from ``chunks`` (a shorter last one unless ``drop_last``)."""
-    pending: list[CriteoColumns] = []
-    count = 0
-    for chunk in chunks:
-        start = 0
-        while start < len(chunk):
-            take = min(batch_size - count, len(chunk) - start)
-            pending.append(chunk.take(slice(start, start + take)))
-            count, start = count + take, start + take
-            if count == batch_size:
-                yield concat_columns(pending)
-                pending, count = [], 0
-    if count and not drop_last:
-        yield concat_columns(pending)
+def parse_parts(parts: Sequence[BlockLines], rows: Sequence[int], policy: RowPolicy) -> CriteoColumns:
+    """The lines of ``parts`` parsed into one block (a reader's batch of a window); malformed lines go to
+    ``policy``."""
+    columns = []
+    for part in parts:
+        parsed = parse_block(part.block, rows, part.lines)
+        for line, error in parsed.errors:
+            policy.bad_row(part.path, line, error)
+        policy.stats.rows_read += len(parsed.columns)
+        columns.append(parsed.columns)
+    if not columns:
+        return CriteoColumns(
+            np.empty(0, np.float32), np.empty((0, NUM_DENSE), np.float32), np.empty((0, NUM_SPARSE), np.int64)
+        )
+    return concat_columns(columns)

@@ -17,6 +17,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from rectrain.datasets.rows import check_data_file
+
 #: Bytes before the first line in ``LineBlock.buf``: a parser may read up to 16 bytes before a field.
 PAD = 16
 _TAIL = 8  # and up to 8 bytes past the end of the data
@@ -26,9 +28,7 @@ DEFAULT_BLOCK_BYTES = 1 << 20  # measured: 1 MiB blocks parse faster than 4 MiB 
 
 def open_binary(path: str | Path) -> BinaryIO:
     """Open ``path`` for binary reading; ``.gz`` files are decompressed as they stream."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist or is not a file")
+    path = check_data_file(path)
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 

@@ -14,16 +14,14 @@ Bad rows (field count, non-integer ids or timestamp, non-numeric rating) follow 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
-from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.datasets.lines import TextDataset
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, parse_int
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -89,38 +87,37 @@ def parse_rating_line(line: str, layout: str) -> tuple[int, int, float] | None:
     return user, movie, rating
 
 
+def is_rating_header(line: str, path: str) -> bool:
+    return _layout(path) == "csv" and line.strip() == CSV_HEADER
+
+
 def _parse_int(text: str, index: int) -> int:
     return parse_int(text, index + 1, _FIELDS[index], low=0)
 
 
-class MovieLensDataset(IterableDataset):
-    """Batches of this rank's and DataLoader worker's share of the ratings (every k-th line of each file).
-
-    ``stats`` counts rows read and skipped in this process. Ranks may differ by one batch (see Criteo).
+class MovieLensDataset(TextDataset[tuple[int, int, float]]):
+    """Batches of this rank's and DataLoader worker's share of the ratings (its block of every global window,
+    from ``start_row``, of the rows ``select`` keeps; see ``lines.TextDataset``). ``stats`` counts rows read
+    and skipped in this process.
     """
 
-    def __init__(self, config: MovieLensConfig, rank: int = 0, world_size: int = 1) -> None:
-        check_rank(rank, world_size)
-        self.config, self.rank, self.world_size = config, rank, world_size
-        self.stats = RowStats()
+    config: MovieLensConfig
+    is_header = staticmethod(is_rating_header)
 
-    def _rows_of_shard(self) -> Iterator[tuple[int, int, float]]:
-        shard = current_shard(self.rank, self.world_size)
-        for path in self.config.paths:
-            layout = _layout(path)
+    @staticmethod
+    def parse_line(line: str, path: str) -> tuple[int, int, float] | None:
+        return parse_rating_line(line, _layout(path))
 
-            def parse(line: str, layout: str = layout) -> tuple[int, int, float] | None:
-                return parse_rating_line(line, layout)
-
-            yield from iter_rows(path, parse, shard, self.stats, strict=self.config.strict)
-
-    def __iter__(self) -> Iterator[Batch]:
+    def make_batch(self, rows: list[tuple[int, int, float]]) -> Batch:
         cfg = self.config
-        for chunk in batched(self._rows_of_shard(), cfg.batch_size, cfg.drop_last):
-            users, movies, ratings = (torch.tensor(c) for c in zip(*chunk))
-            ids = torch.stack([users % cfg.num_user_embeddings, movies % cfg.num_movie_embeddings], dim=1)
-            values, lengths = one_id_per_example(FEATURE_NAMES, ids.to(torch.int64))
-            labels = ratings.to(torch.float32)
-            if cfg.task == "binary":
-                labels = (labels >= cfg.threshold).to(torch.float32)
-            yield make_batch(torch.zeros(len(chunk), 0), FEATURE_NAMES, values, lengths, labels)
+        users, movies, ratings = (
+            (torch.tensor(c) for c in zip(*rows))
+            if rows
+            else (torch.zeros(0, dtype=torch.int64),) * 2 + (torch.zeros(0),)
+        )
+        ids = torch.stack([users % cfg.num_user_embeddings, movies % cfg.num_movie_embeddings], dim=1)
+        values, lengths = one_id_per_example(FEATURE_NAMES, ids.to(torch.int64))
+        labels = ratings.to(torch.float32)
+        if cfg.task == "binary":
+            labels = (labels >= cfg.threshold).to(torch.float32)
+        return make_batch(torch.zeros(len(rows), 0), FEATURE_NAMES, values, lengths, labels)

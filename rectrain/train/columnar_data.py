@@ -10,6 +10,7 @@ from __future__ import annotations
 from rectrain.datasets.columnar import ColumnarConfig, ColumnarManifest
 from rectrain.errors import ConfigError
 from rectrain.train.config import RunConfig
+from rectrain.train.features import require_features
 
 
 def columnar_dataset_config(config: RunConfig, paths: list[str], rows: dict[str, int]) -> ColumnarConfig:
@@ -24,7 +25,7 @@ def columnar_dataset_config(config: RunConfig, paths: list[str], rows: dict[str,
     if data.source == "converted":
         manifest, _ = ColumnarManifest.load(paths[0])
         features = manifest.sparse_features
-        _check_features(
+        require_features(
             src, f"converted {manifest.kind} data", features, rows, exact=manifest.kind != "movielens"
         )
         _check_dense(src, "converted data", len(manifest.dense_features), config.model.dense_in_features)
@@ -35,7 +36,7 @@ def columnar_dataset_config(config: RunConfig, paths: list[str], rows: dict[str,
             **common,
         )
     columns = list(data.sparse_columns) or list(rows)
-    _check_features(src, "data.sparse_columns", columns, rows, exact=True)
+    require_features(src, "data.sparse_columns", columns, rows, exact=True)
     _check_dense(src, "data.dense_columns", len(data.dense_columns), config.model.dense_in_features)
     return ColumnarConfig(
         format="parquet",
@@ -45,17 +46,6 @@ def columnar_dataset_config(config: RunConfig, paths: list[str], rows: dict[str,
         table_rows=[rows[c] for c in columns],
         **common,
     )
-
-
-def _check_features(source: str, what: str, names: list[str], rows: dict[str, int], *, exact: bool) -> None:
-    missing = [n for n in names if n not in rows]
-    extra = sorted(set(rows) - set(names)) if exact else []
-    if missing or extra:
-        raise ConfigError(
-            f"{source}: model.tables: {what} have the features {names}; the tables read {sorted(rows)}"
-            + (f"; no table reads {missing}" if missing else "")
-            + (f"; the data have no {extra}" if extra else "")
-        )
 
 
 def _check_dense(source: str, what: str, have: int, model_wants: int) -> None:

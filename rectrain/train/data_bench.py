@@ -68,7 +68,7 @@ def _synthetic_batches(config: RunConfig, rank: int, world_size: int, count: int
         stream = RunData(synthetic, rank, world_size).train_batches()
     except ConfigError:
         return None
-    return list(itertools.islice(stream, count))
+    return [item.batch for item in itertools.islice(stream, count)]
 
 
 @dataclass
@@ -102,9 +102,9 @@ def run_data_bench(config: RunConfig, args: argparse.Namespace, env: ShardingEnv
     real_config = data_config(config, args.data)
     job = TrainJob(real_config, env, progress_bar=False)
     rank, world_size = job.rank, job.world_size
-    real = job.data.train_batches()
+    real = (item.batch for item in job.data.train_batches())
     held = _HELD
-    cached_real = list(itertools.islice(job.data.train_batches(), held))
+    cached_real = [item.batch for item in itertools.islice(job.data.train_batches(), held)]
     synthetic = _synthetic_batches(real_config, rank, world_size, held)
     pipeline_type = TrainPipelineSparseDist if config.train.pipeline else TrainPipelineBase
     t = job.training

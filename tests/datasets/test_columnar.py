@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from rectrain.datasets import CriteoConfig, CriteoDataset, MovieLensConfig, MovieLensDataset
-from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset, ColumnarManifest, DataFileError
-from rectrain.datasets.columnar.plan import RowOrder, batches_per_rank, rank_ranges
+from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset, ColumnarManifest, DataFormatError
+from rectrain.datasets.columnar.plan import RowOrder, epoch_rows, rank_windows_of
 from rectrain.datasets.convert import convert
+from rectrain.datasets.windows import Holdout, rank_windows
 from rectrain.errors import ConfigError
 from tests.datasets.test_criteo_columns import _rows, assert_same_batches
 
@@ -31,8 +32,10 @@ def _criteo_file(tmp_path, n: int = 200, bad: bool = True) -> str:
     return str(path)
 
 
-def _converted(tmp_path, n: int = 200, rows_per_part: int = 37, **criteo) -> tuple[str, CriteoConfig]:
-    config = CriteoConfig(paths=[_criteo_file(tmp_path, n)], num_embeddings=997, **criteo)
+def _converted(
+    tmp_path, n: int = 200, rows_per_part: int = 37, bad: bool = True, **criteo
+) -> tuple[str, CriteoConfig]:
+    config = CriteoConfig(paths=[_criteo_file(tmp_path, n, bad)], num_embeddings=997, **criteo)
     out = tmp_path / "conv"
     convert(config, out, rows_per_part=rows_per_part)
     return str(out), config
@@ -49,10 +52,26 @@ def test_converted_criteo_gives_the_tsv_readers_batches(tmp_path):
     assert manifest.num_rows == 199 and [p.rows for p in manifest.parts] == [37] * 5 + [14]
     assert manifest.source["rows_skipped"] == 1 and manifest.table_rows == [997] * 26
     assert manifest.id_dtype == "int32"
-    for batch_size in (1, 16, 64):
-        converted = ColumnarDataset(ColumnarConfig(paths=[out], batch_size=batch_size, table_rows=[997] * 26))
-        config.batch_size = batch_size
-        assert_same_batches(list(converted), list(CriteoDataset(config)))
+    # The same rows in the same order; the malformed line is a row of the TSV's windows only.
+    converted = ColumnarDataset(ColumnarConfig(paths=[out], batch_size=16, table_rows=[997] * 26))
+    assert _ids_of(converted) == _ids_of(CriteoDataset(config))
+    clean_dir = tmp_path / "clean"
+    clean_dir.mkdir()
+    clean_out, clean = _converted(clean_dir, bad=False)
+    for batch_size, world_size, start_row, select in [
+        (1, 1, 0, None),
+        (16, 1, 0, Holdout(3, 16)),
+        (16, 2, 40, None),
+        (64, 3, 0, Holdout(4, 64, held_out=True)),
+    ]:
+        clean.batch_size = batch_size
+        columnar = ColumnarConfig(paths=[clean_out], batch_size=batch_size, table_rows=[997] * 26)
+        for rank in range(world_size):
+            kwargs = {"start_row": start_row, "select": select}
+            got = list(ColumnarDataset(columnar, rank, world_size, **kwargs).windows())
+            want = list(CriteoDataset(clean, rank, world_size, **kwargs).windows())
+            assert [w.end for w in got] == [w.end for w in want]  # the same data positions
+            assert_same_batches([w.batch for w in got], [w.batch for w in want])
 
 
 def test_converted_movielens_gives_the_ratings_readers_batches(tmp_path):
@@ -84,7 +103,7 @@ def test_the_manifest_catches_damage_and_mismatches(tmp_path, capsys):
     assert main(["data", "verify", out]) == 2
     assert "part-00001.safetensors: sha256 does not match" in capsys.readouterr().err
     part.write_bytes(bytes(data[:-4]))
-    with pytest.raises(DataFileError, match="part-00001.safetensors: .* bytes, the manifest records"):
+    with pytest.raises(DataFormatError, match="part-00001.safetensors: .* bytes, the manifest records"):
         ColumnarDataset(ColumnarConfig(paths=[out]))
     data[-1] ^= 1
     part.write_bytes(bytes(data))
@@ -93,16 +112,16 @@ def test_the_manifest_catches_damage_and_mismatches(tmp_path, capsys):
     manifest = tmp_path / "conv" / "manifest.json"
     raw = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**raw, "format_version": 2}))
-    with pytest.raises(DataFileError, match="format_version 2; this rectrain reads 1"):
+    with pytest.raises(DataFormatError, match="format_version 2; this rectrain reads 1"):
         ColumnarDataset(ColumnarConfig(paths=[out]))
     manifest.unlink()
-    with pytest.raises(DataFileError, match="no manifest .*rectrain data convert"):
+    with pytest.raises(DataFormatError, match="no manifest .*rectrain data convert"):
         ColumnarDataset(ColumnarConfig(paths=[out]))
 
 
 def test_convert_refuses_a_used_directory_unless_overwriting(tmp_path):
     out, config = _converted(tmp_path)
-    with pytest.raises(DataFileError, match="not empty"):
+    with pytest.raises(DataFormatError, match="not empty"):
         convert(config, out)
     (tmp_path / "conv" / "notes.txt").write_text("mine")
     convert(config, out, overwrite=True, rows_per_part=1000)
@@ -111,48 +130,49 @@ def test_convert_refuses_a_used_directory_unless_overwriting(tmp_path):
 
 
 @given(
-    num_rows=st.integers(0, 200),
+    num_rows=st.integers(0, 120),
     batch_size=st.integers(1, 9),
-    worlds=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-    steps=st.lists(st.integers(0, 5), min_size=3, max_size=3),
+    world_size=st.integers(1, 4),
+    start=st.integers(0, 130),
+    holdout=st.one_of(st.none(), st.tuples(st.integers(2, 4), st.integers(1, 9), st.booleans())),
+    drop_last=st.booleans(),
+    shuffle_block=st.one_of(st.none(), st.integers(1, 40)),
 )
-def test_row_ranges_resume_from_a_global_position_on_any_world_size(num_rows, batch_size, worlds, steps):
-    """Each leg runs some steps on its world size; the next starts where the job's examples count ends."""
-    seen: list[int] = []
-    position = 0
-    for leg, world_size in enumerate(worlds):
-        ranges = [list(rank_ranges(num_rows, batch_size, world_size, r, position)) for r in range(world_size)]
-        if num_rows - position >= world_size:  # else some rank has no row left at all
-            counts = {len(r) for r in ranges}
-            assert counts == {batches_per_rank(num_rows, batch_size, world_size, position)}
-        last = leg == len(worlds) - 1
-        take = max(map(len, ranges)) if last else min([steps[leg], *map(len, ranges)])
-        for step in range(take):
-            for rank in range(world_size):
-                if step < len(ranges[rank]):
-                    start, stop = ranges[rank][step]
-                    assert stop > start
-                    seen += range(start, stop)
-        position = position + sum(b - a for rank in ranges for a, b in rank[:take])
-    assert seen == list(range(num_rows))  # every row once, in order
+def test_columnar_windows_are_the_windows_of_the_rows_in_order(
+    num_rows, batch_size, world_size, start, holdout, drop_last, shuffle_block
+):
+    """``plan`` computes what ``windows.rank_windows`` cuts from the epoch's rows, numbered by position."""
+    start = min(start, num_rows)
+    select = None if holdout is None else Holdout(*holdout)
+    order = RowOrder(num_rows) if shuffle_block is None else RowOrder.shuffled(num_rows, 5, 1, shuffle_block)
+    epoch = epoch_rows(order, select, start)
+    in_order = [r for a, b in epoch_rows(order).row_ranges(0, num_rows) for r in range(a, b)]
+    if shuffle_block is not None:
+        assert sorted(in_order) == list(range(num_rows))
+    kept = [(p, r) for p, r in enumerate(in_order) if p >= start and (select is None or select.keeps(r))]
+    for rank in range(world_size):
+        want = [
+            ([r for _, r in w.rows], w.end)
+            for w in rank_windows(kept, batch_size, rank, world_size, drop_last=drop_last)
+        ]
+        got = [
+            ([r for a, b in epoch.row_ranges(lo, hi) for r in range(a, b)], end)
+            for lo, hi, end in rank_windows_of(epoch, batch_size, rank, world_size, drop_last)
+        ]
+        assert got == want
 
 
 def test_shuffled_order_is_a_seeded_permutation_per_epoch():
     def rows(seed: int, epoch: int) -> list[int]:
         order = RowOrder.shuffled(1000, seed, epoch, block_rows=64)
-        return [r for a, b in order.segments(0, 1000) for r in range(a, b)]
+        return [r for a, b in epoch_rows(order).row_ranges(0, 1000) for r in range(a, b)]
 
     first = rows(7, 0)
     assert sorted(first) == list(range(1000)) and first != list(range(1000))
     assert rows(7, 0) == first and rows(7, 1) != first and rows(8, 0) != first
-    order = RowOrder.shuffled(1000, 7, 0, block_rows=64)
-    pieces = [
-        r for p in range(0, 1000, 90) for a, b in order.segments(p, min(p + 90, 1000)) for r in range(a, b)
-    ]
-    assert pieces == first
 
 
-def test_ranks_workers_shuffle_and_start_at_partition_the_rows(tmp_path):
+def test_ranks_workers_shuffle_and_start_partition_the_rows(tmp_path):
     out, _ = _converted(tmp_path, n=301, rows_per_part=50)
     config = ColumnarConfig(paths=[out], batch_size=8, shuffle=True, seed=3, shuffle_block_rows=16)
     alone = _ids_of(ColumnarDataset(config))
@@ -161,12 +181,12 @@ def test_ranks_workers_shuffle_and_start_at_partition_the_rows(tmp_path):
         loaded = list(DataLoader(dataset, batch_size=None, num_workers=2))
         assert_same_batches(loaded, list(dataset))
     assert sorted(sum((_ids_of(d) for d in per_rank), [])) == sorted(alone)
-    resumed = ColumnarDataset(config, 0, 2, start_offset=8 * 3 * 4)  # 4 steps of 3 ranks x 8 done
+    resumed = ColumnarDataset(config, 0, 2, start_row=8 * 3 * 4)  # 4 steps of 3 ranks x 8 done
     assert _ids_of(resumed)[:8] == alone[8 * 12 : 8 * 13]
-    resumed.set_epoch(1)
-    assert _ids_of(resumed)[:8] != alone[8 * 12 : 8 * 13]
+    next_epoch = ColumnarDataset(config, 0, 2, start_row=8 * 3 * 4, epoch=1)
+    assert _ids_of(next_epoch)[:8] != alone[8 * 12 : 8 * 13]
     with pytest.raises(ConfigError, match="outside the epoch's 300 rows"):
-        resumed.start_at(301)
+        ColumnarDataset(config, start_row=301)
 
 
 def _write_parquet(path, n: int, row_group_size: int = 7) -> None:
@@ -235,9 +255,9 @@ def test_parquet_errors_name_the_file_and_column(tmp_path):
             paths=[str(nulls)], format="parquet", label_column="y", sparse_columns=["u"], table_rows=[5]
         )
     )
-    with pytest.raises(DataFileError, match="nulls.parquet: row 1: label column 'y' is null"):
+    with pytest.raises(DataFormatError, match="nulls.parquet: row 1: label column 'y' is null"):
         list(dataset)
     not_parquet = tmp_path / "x.parquet"
     not_parquet.write_text("hello")
-    with pytest.raises(DataFileError, match="x.parquet: not a readable Parquet file"):
+    with pytest.raises(DataFormatError, match="x.parquet: not a readable Parquet file"):
         ColumnarDataset(ColumnarConfig(**{**base, "paths": [str(not_parquet)]}, sparse_columns=["user"]))

@@ -28,7 +28,7 @@ from rectrain.datasets.criteo_columns import (
 )
 from rectrain.datasets.line_blocks import line_blocks_of, split_lines
 from rectrain.datasets.rows import RowError
-from rectrain.datasets.sharding import ShardInfo
+from rectrain.datasets.windows import Holdout
 from tests.datasets.test_reader_fuzz import EXTREME
 
 
@@ -114,14 +114,15 @@ def test_a_block_parses_as_the_line_parser_parses_each_line(seed, column, value,
     except UnicodeDecodeError:
         return  # hypothesis text with lone surrogates: not a file anyone can write
     texts = text_mode_lines(data)
-    parsed = parse_block(split_lines(data, 0), [rows] * 26, ShardInfo(0, 1).owns_each)
+    block = split_lines(data, 0)
+    parsed = parse_block(block, [rows] * 26, np.arange(len(block)))
     expected_rows, expected_errors = [], []
     for number, text in enumerate(texts, start=1):
         try:
             expected_rows.append(parse_criteo_line(text, [rows] * 26))
         except RowError as e:
             expected_errors.append((number, e.column, str(e)))
-    assert [(n, e.column, str(e)) for n, e, _ in parsed.errors] == expected_errors
+    assert [(n, e.column, str(e)) for n, e in parsed.errors] == expected_errors
     got = parsed.columns
     assert got.labels.tolist() == [float(r[0]) for r in expected_rows]
     assert np.array_equal(
@@ -187,7 +188,7 @@ def test_malformed_lines_are_warned_counted_or_raised_the_same(tmp_path, caplog)
         logs[parser] = sorted(r.getMessage() for r in caplog.records)
         assert (dataset.stats.rows_read, dataset.stats.rows_skipped) == (38, 2)
         assert dict(dataset.stats.skipped_by_column) == {2: 1, 1: 1}
-        assert [len(b.labels) for b in batches] == [8, 8, 8, 8, 6]
+        assert [len(b.labels) for b in batches] == [7, 8, 8, 7, 8]  # a malformed line is a row of its window
     assert logs["columns"] == logs["lines"]
     assert any(f"{path}:4: column 2" in m for m in logs["columns"])
     for parser in ("columns", "lines"):
@@ -204,19 +205,28 @@ def test_config_rejects_an_unknown_parser():
         CriteoConfig(paths=["x.tsv"], parser="fast")
 
 
-def test_a_selector_picks_lines_by_global_number_and_rows_carry_them(tmp_path):
-    from rectrain.datasets.criteo_columns import iter_criteo_columns
-    from rectrain.datasets.rows import RowStats
-
-    path = tmp_path / "day.tsv"
-    path.write_text("\n".join(_rows(50)) + "\n")
-    chunks = iter_criteo_columns(
-        path, [997] * 26, lambda n: (n >= 110) & (n < 125), RowStats(), first_line=100
-    )
-    got = []
-    try:
-        while True:
-            got.append(next(chunks))
-    except StopIteration as end:
-        assert end.value == 50  # the file's lines, for the next file's first_line
-    assert np.concatenate([c.lines for c in got]).tolist() == list(range(110, 125))
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_windows_from_any_start_with_a_holdout_match_the_line_reader(tmp_path, world_size):
+    rows = _rows(130, seed=world_size)
+    rows[20] = "bad"
+    first, second = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    first.write_text("\n".join(rows[:61]) + "\n")
+    second.write_text("\n".join(rows[61:]))
+    paths = [str(first), str(second)]
+    for start_row, select, drop_last in [
+        (0, None, False),
+        (37, None, False),
+        (0, Holdout(4, 5), False),
+        (11, Holdout(4, 5, held_out=True), False),
+        (3, Holdout(3, 5), True),
+    ]:
+        for rank in range(world_size):
+            got = {}
+            for parser in ("columns", "lines"):
+                config = CriteoConfig(
+                    paths=paths, batch_size=5, num_embeddings=997, drop_last=drop_last, parser=parser
+                )
+                dataset = CriteoDataset(config, rank, world_size, start_row=start_row, select=select)
+                got[parser] = list(dataset.windows())
+            assert [w.end for w in got["columns"]] == [w.end for w in got["lines"]]
+            assert_same_batches([w.batch for w in got["columns"]], [w.batch for w in got["lines"]])

@@ -57,7 +57,9 @@ def test_a_run_on_converted_data_is_the_run_on_the_tsv(tmp_path, capsys):
         tmp_path, 'data.source="converted"', f'data.paths=["{conv}"]', f'data.eval_paths=["{conv}"]'
     )
     from_converted = TrainJob(RunConfig.load(CRITEO, converted_run), progress_bar=False).run()
-    assert from_converted.end == from_text.end and from_text.end.step == 4
+    end, text_end = from_converted.end, from_text.end
+    assert (end.step, end.examples) == (text_end.step, text_end.examples) and text_end.step == 4
+    assert (end.data.epoch, end.data.offset) == (text_end.data.epoch, text_end.data.offset)  # same position
     assert from_converted.eval_metrics == from_text.eval_metrics
 
 
@@ -87,7 +89,7 @@ def test_converted_data_must_fit_the_models_tables(tmp_path, capsys):
         tmp_path, 'data.source="converted"', f'data.paths=["{tmp_path / "c"}"]', "model.dense_in_features=4"
     )
     with pytest.raises(ConfigError, match="dense_in_features is 4 but converted data give 13"):
-        RunData(RunConfig.load(CRITEO, bigger_dense), 0, 1).train_batches()
+        next(RunData(RunConfig.load(CRITEO, bigger_dense), 0, 1).train_batches())
 
 
 def _parquet(path, rows: int) -> None:
@@ -111,17 +113,20 @@ def test_a_run_on_parquet_with_named_columns_trains(tmp_path):
     summary = TrainJob(RunConfig.load(CRITEO, overrides), progress_bar=False).run()
     assert summary.end.step == 9 and summary.eval_metrics["num_examples"] == 32
     with pytest.raises(ConfigError, match="data.dense_columns give 2 dense values"):
-        RunData(RunConfig.load(CRITEO, [*overrides, 'data.dense_columns=["d0", "d1"]']), 0, 1).train_batches()
+        wrong = RunConfig.load(CRITEO, [*overrides, 'data.dense_columns=["d0", "d1"]'])
+        next(RunData(wrong, 0, 1).train_batches())
 
 
 def _first_ids(run_data: RunData) -> list[int]:
     """The first id of every training example a rank reads (a row's fingerprint)."""
     return [
-        v for b in run_data.train_batches() for v in b.sparse_features.values().reshape(26, -1)[0].tolist()
+        v
+        for item in run_data.train_batches()
+        for v in item.batch.sparse_features.values().reshape(26, -1)[0].tolist()
     ]
 
 
-def test_two_ranks_read_alternate_row_ranges_of_the_converted_data(tmp_path):
+def test_two_ranks_read_their_blocks_of_each_window_of_the_converted_data(tmp_path):
     tsv = write_criteo(tmp_path / "day.tsv", rows=32 * 8)
     out = tmp_path / "c"
     assert (

@@ -2,6 +2,6 @@
 
 from rectrain.datasets.columnar.dataset import ColumnarConfig, ColumnarDataset
 from rectrain.datasets.columnar.manifest import ColumnarManifest
-from rectrain.datasets.columnar.part_files import DataFileError
+from rectrain.datasets.columnar.part_files import DataFormatError
 
-__all__ = ["ColumnarConfig", "ColumnarDataset", "ColumnarManifest", "DataFileError"]
+__all__ = ["ColumnarConfig", "ColumnarDataset", "ColumnarManifest", "DataFormatError"]

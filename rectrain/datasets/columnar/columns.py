@@ -7,7 +7,7 @@ values and ``n + 1`` offsets; Parquet list columns and nullable columns).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +71,22 @@ def concat_columns(parts: Sequence[Columns]) -> Columns:
         return Columns(labels, dense, ids=np.concatenate([p.ids for p in parts], axis=1))
     features = zip(*(p.as_jagged() for p in parts))
     return Columns(labels, dense, jagged=tuple(_concat_jagged(f) for f in features))
+
+
+def read_rows(bounds: np.ndarray, load: Callable[[int], Columns], start: int, stop: int) -> Columns:
+    """Rows ``start..stop`` of a source stored in pieces (part files, row groups): piece ``i`` holds rows
+    ``bounds[i]..bounds[i + 1]`` and ``load(i)`` reads it."""
+    index = int(np.searchsorted(bounds, start, side="right")) - 1
+    pieces = []
+    while start < stop:
+        piece_start, piece_stop = int(bounds[index]), int(bounds[index + 1])
+        end = min(stop, piece_stop)
+        if end > start:
+            pieces.append(load(index).slice(start - piece_start, end - piece_start))
+        start, index = end, index + 1
+    if not pieces:  # no rows: an empty slice keeps the columns' shapes
+        return load(0).slice(0, 0)
+    return concat_columns(pieces)
 
 
 def _concat_jagged(parts: Sequence[JaggedColumn]) -> JaggedColumn:

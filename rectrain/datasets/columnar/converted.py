@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rectrain.datasets.columnar.columns import Columns, concat_columns
+from rectrain.datasets.columnar.columns import Columns, read_rows
 from rectrain.datasets.columnar.manifest import ColumnarManifest
-from rectrain.datasets.columnar.part_files import DataFileError, read_part
+from rectrain.datasets.columnar.part_files import DataFormatError, read_part
 
 
 def _same_layout(a: ColumnarManifest, b: ColumnarManifest) -> bool:
@@ -28,14 +28,14 @@ class ConvertedSource:
 
     def __init__(self, locations: Sequence[str | Path]) -> None:
         if not locations:
-            raise DataFileError("converted data: no directories given")
+            raise DataFormatError("converted data: no directories given")
         loaded = [ColumnarManifest.load(location) for location in locations]
         self.manifest = loaded[0][0]
         self.files: list[Path] = []
         rows: list[int] = []
         for (manifest, directory), location in zip(loaded, locations):
             if not _same_layout(manifest, self.manifest):
-                raise DataFileError(
+                raise DataFormatError(
                     f"{location}: its columns or table sizes differ from {locations[0]}; "
                     "convert all directories of one run with the same settings"
                 )
@@ -66,26 +66,17 @@ class ConvertedSource:
                 got = tensors.get(name)
                 if got is None or got.shape != shape or got.dtype != dtype:
                     found = "missing" if got is None else f"{got.dtype}{list(got.shape)}"
-                    raise DataFileError(
+                    raise DataFormatError(
                         f"{path}: tensor {name!r} should be {np.dtype(dtype)}{list(shape)}, is {found}"
                     )
             self._parts[index] = Columns(tensors["label"], tensors["dense"], ids=tensors["sparse"])
         return self._parts[index]
 
     def check_parts(self) -> None:
-        """Open every part: its header, dtypes and shapes must match the manifest (else DataFileError)."""
+        """Open every part: its header, dtypes and shapes must match the manifest (else DataFormatError)."""
         for index in range(len(self.files)):
             self._part(index)
 
     def read(self, start: int, stop: int) -> Columns:
         """Rows ``start..stop`` (global row numbers over all parts)."""
-        first = int(np.searchsorted(self.bounds, start, side="right")) - 1
-        pieces = []
-        index = first
-        while start < stop:
-            part_start, part_stop = int(self.bounds[index]), int(self.bounds[index + 1])
-            end = min(stop, part_stop)
-            if end > start:
-                pieces.append(self._part(index).slice(start - part_start, end - part_start))
-            start, index = end, index + 1
-        return concat_columns(pieces)
+        return read_rows(self.bounds, self._part, start, stop)

@@ -1,11 +1,8 @@
 """``ColumnarDataset``: batches of converted data or users' Parquet, rank-sharded by row ranges.
 
-Batches are cut from the epoch's row order (``plan``): rank ``r`` of ``W`` reads positions ``start + s*B*W +
-r*B ..`` for step ``s``, so the data position is one global number. ``start_at(position)`` (or the
-``start_offset`` argument) makes the next pass begin there, for any world size: a job that consumed ``n``
-examples of an epoch resumes with ``start_at(n)`` on 1, 2 or 3 ranks and reads every remaining row once.
-DataLoader workers split a rank's batches round-robin (batch ``i`` to worker ``i % workers``), so the batches
-and their order do not depend on the number of workers. Each batch is a few array copies: no per-row Python.
+Batches are the rank's blocks of the global windows of the epoch's rows (``plan``; the windows of the text
+sources, ``windows``), so the data position is one number, the same on every rank: a job resumed from it on
+any number of ranks reads every remaining row once. Each batch is a few array copies: no per-row Python.
 """
 
 from __future__ import annotations
@@ -15,16 +12,12 @@ from dataclasses import dataclass, field
 
 from torch.utils.data import IterableDataset
 
-from rectrain.datasets.columnar.columns import Columns, columns_to_batch, concat_columns
+from rectrain.datasets.columnar.columns import columns_to_batch, concat_columns
 from rectrain.datasets.columnar.converted import ConvertedSource
 from rectrain.datasets.columnar.parquet import ParquetSource
-from rectrain.datasets.columnar.plan import (
-    DEFAULT_SHUFFLE_BLOCK_ROWS,
-    RowOrder,
-    batches_per_rank,
-    rank_ranges,
-)
+from rectrain.datasets.columnar.plan import DEFAULT_SHUFFLE_BLOCK_ROWS, RowOrder, epoch_rows, rank_windows_of
 from rectrain.datasets.sharding import check_rank, worker_shard
+from rectrain.datasets.windows import BatchAt, Holdout
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -69,7 +62,7 @@ class ColumnarConfig:
 
 
 def open_source(config: ColumnarConfig) -> ConvertedSource | ParquetSource:
-    """The row source of ``config``, checked against its expectations (ConfigError/DataFileError if not)."""
+    """The row source of ``config``, checked against its expectations (ConfigError/DataFormatError if not)."""
     if config.format == "parquet":
         assert config.table_rows is not None
         return ParquetSource(
@@ -92,10 +85,22 @@ def open_source(config: ColumnarConfig) -> ConvertedSource | ParquetSource:
 
 
 class ColumnarDataset(IterableDataset):
-    """This rank's batches of a columnar source; use with ``DataLoader(ds, batch_size=None)``."""
+    """This rank's batches of a columnar source in the global windows of ``windows`` (see ``plan``), from
+    position ``start_row`` of epoch ``epoch``'s order on, of the rows ``select`` keeps (default: all).
+
+    Use with ``DataLoader(ds, batch_size=None)``: workers take turns by window, so the batches do not depend
+    on their number. ``windows()`` also gives each batch's data position.
+    """
 
     def __init__(
-        self, config: ColumnarConfig, rank: int = 0, world_size: int = 1, start_offset: int = 0
+        self,
+        config: ColumnarConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        start_row: int = 0,
+        select: Holdout | None = None,
+        epoch: int = 0,
     ) -> None:
         check_rank(rank, world_size)
         self.config, self.rank, self.world_size = config, rank, world_size
@@ -105,32 +110,14 @@ class ColumnarDataset(IterableDataset):
             self.dense_names = list(self.source.manifest.dense_features)
         else:
             self.feature_names, self.dense_names = list(config.sparse_columns), list(config.dense_columns)
-        self.epoch = 0
-        self.start_offset = 0
-        self.start_at(start_offset)
+        if isinstance(start_row, bool) or not 0 <= start_row <= self.num_rows:
+            raise ConfigError(f"start position {start_row!r} is outside the epoch's {self.num_rows} rows")
+        self.start_row, self.select, self.epoch = start_row, select, epoch
 
     @property
     def num_rows(self) -> int:
         """Rows in one epoch (all ranks)."""
         return self.source.num_rows
-
-    def start_at(self, global_offset: int) -> None:
-        """Begin the next pass at position ``global_offset`` of the epoch's order (examples the whole job
-        consumed in this epoch, over all ranks); later passes set it again (usually to 0)."""
-        if isinstance(global_offset, bool) or not 0 <= global_offset <= self.num_rows:
-            raise ConfigError(f"start position {global_offset!r} is outside the epoch's {self.num_rows} rows")
-        self.start_offset = int(global_offset)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch the next pass reads (it draws the shuffled order)."""
-        self.epoch = epoch
-
-    def num_batches(self) -> int:
-        """Batches this rank reads in the next pass (the same on every rank)."""
-        cfg = self.config
-        return batches_per_rank(
-            self.num_rows, cfg.batch_size, self.world_size, self.start_offset, cfg.drop_last
-        )
 
     def order(self) -> RowOrder:
         cfg = self.config
@@ -138,15 +125,15 @@ class ColumnarDataset(IterableDataset):
             return RowOrder(self.num_rows)
         return RowOrder.shuffled(self.num_rows, cfg.seed, self.epoch, cfg.shuffle_block_rows)
 
-    def read(self, order: RowOrder, start: int, stop: int) -> Columns:
-        """Positions ``start..stop`` of ``order`` as columns."""
-        return concat_columns([self.source.read(a, b) for a, b in order.segments(start, stop)])
+    def windows(self) -> Iterator[BatchAt]:
+        """This reader's batch of each window it owns, with the data position after the window."""
+        cfg, worker = self.config, worker_shard(self.rank, self.world_size)
+        rows = epoch_rows(self.order(), self.select, self.start_row)
+        spans = rank_windows_of(rows, cfg.batch_size, self.rank, self.world_size, cfg.drop_last)
+        for index, (start, stop, end) in enumerate(spans):
+            if worker.owns(index):
+                columns = concat_columns([self.source.read(a, b) for a, b in rows.row_ranges(start, stop)])
+                yield BatchAt(columns_to_batch(columns, self.feature_names, cfg.label_threshold), end)
 
     def __iter__(self) -> Iterator[Batch]:
-        cfg, shard, order = self.config, worker_shard(self.rank, self.world_size), self.order()
-        ranges = rank_ranges(
-            self.num_rows, cfg.batch_size, self.world_size, self.rank, self.start_offset, cfg.drop_last
-        )
-        for index, (start, stop) in enumerate(ranges):
-            if shard.owns(index):
-                yield columns_to_batch(self.read(order, start, stop), self.feature_names, cfg.label_threshold)
+        return (item.batch for item in self.windows())

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rectrain.datasets.columnar.part_files import DataFileError, sha256_file
+from rectrain.datasets.columnar.part_files import DataFormatError, sha256_file
 from rectrain.durable import write_text_atomic
 
 FORMAT = "rectrain-columnar"
@@ -74,23 +74,23 @@ class ColumnarManifest:
         if path.is_dir():
             path = path / MANIFEST
         if not path.is_file():
-            raise DataFileError(
+            raise DataFormatError(
                 f"{path}: no manifest (not converted data, or the conversion did not finish); "
                 "run `rectrain data convert`"
             )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise DataFileError(f"{path}: unreadable manifest ({e})") from None
+            raise DataFormatError(f"{path}: unreadable manifest ({e})") from None
         return cls.from_dict(raw, str(path)), path.parent
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> ColumnarManifest:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise DataFileError(f"{where}: not a {FORMAT} manifest")
+            raise DataFormatError(f"{where}: not a {FORMAT} manifest")
         version = raw.get("format_version")
         if version != FORMAT_VERSION:
-            raise DataFileError(
+            raise DataFormatError(
                 f"{where}: format_version {version!r}; this rectrain reads {FORMAT_VERSION} "
                 "(convert the data again with this version)"
             )
@@ -104,35 +104,35 @@ class ColumnarManifest:
                 source=dict(raw.get("source", {})),
             )
         except (KeyError, TypeError) as e:
-            raise DataFileError(f"{where}: malformed manifest ({e})") from None
+            raise DataFormatError(f"{where}: malformed manifest ({e})") from None
         manifest.validate(where)
         if raw.get("num_rows") != manifest.num_rows:
-            raise DataFileError(f"{where}: num_rows {raw.get('num_rows')} is not the parts' sum")
+            raise DataFormatError(f"{where}: num_rows {raw.get('num_rows')} is not the parts' sum")
         return manifest
 
     def validate(self, where: str) -> None:
-        """``DataFileError`` naming the field when the manifest contradicts itself."""
+        """``DataFormatError`` naming the field when the manifest contradicts itself."""
         if len(self.table_rows) != len(self.sparse_features):
-            raise DataFileError(
+            raise DataFormatError(
                 f"{where}: table_rows has {len(self.table_rows)} entries for "
                 f"{len(self.sparse_features)} sparse features"
             )
         if any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.table_rows):
-            raise DataFileError(f"{where}: table_rows must be positive ints")
+            raise DataFormatError(f"{where}: table_rows must be positive ints")
         if self.id_dtype not in ID_DTYPES:
-            raise DataFileError(f"{where}: id_dtype {self.id_dtype!r} is not one of {ID_DTYPES}")
+            raise DataFormatError(f"{where}: id_dtype {self.id_dtype!r} is not one of {ID_DTYPES}")
         for part in self.parts:
             if not isinstance(part.rows, int) or part.rows < 0 or Path(part.path).name != part.path:
-                raise DataFileError(f"{where}: part {part.path!r} must be a file name with rows >= 0")
+                raise DataFormatError(f"{where}: part {part.path!r} must be a file name with rows >= 0")
 
     def check_files(self, directory: Path, *, checksums: bool = False) -> None:
-        """Every part is present, of its recorded size (and sha256 with ``checksums``); else DataFileError."""
+        """Every part is present, of its recorded size (and sha256 with ``checksums``); else raises."""
         for part in self.parts:
             path = directory / part.path
             if not path.is_file():
-                raise DataFileError(f"{path}: missing (the manifest lists it); convert the data again")
+                raise DataFormatError(f"{path}: missing (the manifest lists it); convert the data again")
             size = path.stat().st_size
             if size != part.bytes:
-                raise DataFileError(f"{path}: {size} bytes, the manifest records {part.bytes} (truncated?)")
+                raise DataFormatError(f"{path}: {size} bytes, the manifest records {part.bytes} (truncated?)")
             if checksums and sha256_file(path) != part.sha256:
-                raise DataFileError(f"{path}: sha256 does not match the manifest (the file was altered)")
+                raise DataFormatError(f"{path}: sha256 does not match the manifest (the file was altered)")

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from rectrain.datasets.columnar.columns import Columns, JaggedColumn, concat_columns
-from rectrain.datasets.columnar.part_files import DataFileError
+from rectrain.datasets.columnar.columns import Columns, JaggedColumn, read_rows
+from rectrain.datasets.columnar.part_files import DataFormatError
 from rectrain.errors import ConfigError
 
 _CACHED_GROUPS = 2
@@ -79,7 +79,7 @@ class ParquetSource:
         try:
             return _pyarrow().parquet.ParquetFile(path)
         except Exception as e:  # pyarrow raises ArrowInvalid and friends for a file that is not Parquet
-            raise DataFileError(f"{path}: not a readable Parquet file ({e})") from None
+            raise DataFormatError(f"{path}: not a readable Parquet file ({e})") from None
 
     def _check_schema(self, pa: Any, path: Path, schema: Any) -> None:
         types = pa.types
@@ -120,7 +120,7 @@ class ParquetSource:
         label = table.column(self.label_column)
         if label.null_count:
             row = first_row + int(np.flatnonzero(pc.is_null(label).to_numpy(zero_copy_only=False))[0])
-            raise DataFileError(f"{path}: row {row}: label column {self.label_column!r} is null")
+            raise DataFormatError(f"{path}: row {row}: label column {self.label_column!r} is null")
         labels = label.to_numpy().astype(np.float32)
         dense = np.empty((table.num_rows, len(self.dense_columns)), dtype=np.float32)
         for i, name in enumerate(self.dense_columns):
@@ -148,22 +148,14 @@ class ParquetSource:
             return JaggedColumn(values, np.concatenate([[0], np.cumsum(present, dtype=np.int64)]))
         values = column.flatten()
         if values.null_count:
-            raise DataFileError(f"{path}: sparse column {name!r} has null ids inside its lists")
+            raise DataFormatError(f"{path}: sparse column {name!r} has null ids inside its lists")
         lengths = pa.compute.fill_null(pa.compute.list_value_length(column), 0).to_numpy()
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         return JaggedColumn(_modulo(values.to_numpy(), rows), offsets)
 
     def read(self, start: int, stop: int) -> Columns:
         """Rows ``start..stop`` (global row numbers over all files)."""
-        index = int(np.searchsorted(self.bounds, start, side="right")) - 1
-        pieces = []
-        while start < stop:
-            group_start, group_stop = int(self.bounds[index]), int(self.bounds[index + 1])
-            end = min(stop, group_stop)
-            if end > start:
-                pieces.append(self._group(index).slice(start - group_start, end - group_start))
-            start, index = end, index + 1
-        return concat_columns(pieces)
+        return read_rows(self.bounds, self._group, start, stop)
 
 
 def _modulo(values: np.ndarray, rows: int) -> np.ndarray:

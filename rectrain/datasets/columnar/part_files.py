@@ -27,8 +27,9 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 _MAX_HEADER = 1 << 20
 
 
-class DataFileError(RecTrainError):
-    """A converted data file or manifest is missing, truncated, altered or not ours; the message names it."""
+class DataFormatError(RecTrainError):
+    """A converted data file, its manifest or a Parquet file is missing, truncated, altered or not ours; the
+    message names it (a missing text input is ``rows.DataFileError``)."""
 
 
 @dataclass(frozen=True)
@@ -71,22 +72,22 @@ def write_part(path: Path, tensors: Mapping[str, np.ndarray]) -> FileDigest:
 
 
 def read_part(path: Path) -> dict[str, np.ndarray]:
-    """The tensors of a part file as read-only arrays over a memory map; ``DataFileError`` if malformed."""
+    """The tensors of a part file as read-only arrays over a memory map; ``DataFormatError`` if malformed."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except OSError as e:
-        raise DataFileError(f"{path}: cannot read ({e.strerror}); re-run `rectrain data convert`") from None
+        raise DataFormatError(f"{path}: cannot read ({e.strerror}); re-run `rectrain data convert`") from None
     if size < 8:
-        raise DataFileError(f"{path}: {size} bytes is not a safetensors file (truncated?)")
+        raise DataFormatError(f"{path}: {size} bytes is not a safetensors file (truncated?)")
     (length,) = struct.unpack("<Q", mapped[:8])
     if not 2 <= length <= min(_MAX_HEADER, size - 8):
-        raise DataFileError(f"{path}: header length {length} does not fit the file of {size} bytes")
+        raise DataFormatError(f"{path}: header length {length} does not fit the file of {size} bytes")
     try:
         header = json.loads(bytes(mapped[8 : 8 + length]))
     except ValueError:
-        raise DataFileError(f"{path}: header is not JSON (not a safetensors file?)") from None
+        raise DataFormatError(f"{path}: header is not JSON (not a safetensors file?)") from None
     header.pop("__metadata__", None)
     return {name: _tensor(path, mapped, 8 + length, size, name, entry) for name, entry in header.items()}
 
@@ -97,10 +98,12 @@ def _tensor(path: Path, mapped, start: int, size: int, name: str, entry: dict) -
         shape = [int(d) for d in entry["shape"]]
         begin, end = (int(x) for x in entry["data_offsets"])
     except (KeyError, TypeError, ValueError):
-        raise DataFileError(f"{path}: tensor {name!r} has an unsupported or malformed header entry") from None
+        raise DataFormatError(
+            f"{path}: tensor {name!r} has an unsupported or malformed header entry"
+        ) from None
     count = int(np.prod(shape, dtype=np.int64))
     if min(shape, default=0) < 0 or end - begin != count * dtype.itemsize or start + end > size or begin < 0:
-        raise DataFileError(f"{path}: tensor {name!r} (shape {shape}) does not fit its bytes; truncated?")
+        raise DataFormatError(f"{path}: tensor {name!r} (shape {shape}) does not fit its bytes; truncated?")
     return np.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin).reshape(shape)
 
 

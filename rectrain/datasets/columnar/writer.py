@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rectrain.datasets.columnar.manifest import MANIFEST, ColumnarManifest, PartEntry
-from rectrain.datasets.columnar.part_files import DataFileError, write_part
+from rectrain.datasets.columnar.part_files import DataFormatError, write_part
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def prepare_output_dir(directory: Path, overwrite: bool) -> None:
     if not any(directory.iterdir()):
         return
     if not overwrite:
-        raise DataFileError(f"{directory}: not empty; choose a new directory or pass --overwrite")
+        raise DataFormatError(f"{directory}: not empty; choose a new directory or pass --overwrite")
     (directory / MANIFEST).unlink(missing_ok=True)  # first: a half-replaced directory never looks complete
     for pattern in _OURS:
         for path in directory.glob(pattern):
