@@ -18,7 +18,8 @@ from torch import Tensor
 
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
-from rectrain.embedding.sparse_adam import SparseAdamState, TBELayout, sparse_adam_update_, tbe_row_gradients
+from rectrain.embedding.sparse_adam import SparseAdamState, sparse_adam_update_, tbe_row_gradients
+from rectrain.embedding.tbe_layout import TBELayout
 
 
 def tbe_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> TBELayout:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rectrain.embedding import cpu_kernel
 from rectrain.embedding.config import EmbOptimType, PoolingType
-from rectrain.embedding.sparse_adam import TBELayout
+from rectrain.embedding.tbe_layout import TBELayout
 
 _OPTIMIZER_CODES = {
     EmbOptimType.SGD: cpu_kernel.SGD,

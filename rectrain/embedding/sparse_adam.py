@@ -4,8 +4,9 @@ FBGEMM's CPU table-batched embedding (TBE) backward fuses only SGD and the Adagr
 CUDA-only. These pure functions let a TBE ``torch.autograd.Function`` run Adam inside its backward so that
 no dense embedding gradient is ever materialised:
 
-1. :func:`tbe_row_gradients` turns the output gradient (pooled ``[B, total_D]`` or sequence
-   ``[num_indices, D]``) into, per table, the unique rows the batch read and their summed gradients.
+1. :func:`tbe_row_gradients` checks the inputs and turns the output gradient (pooled ``[B, total_D]`` or
+   sequence ``[num_indices, D]``) into, per table, the unique rows the batch read and their summed gradients
+   (``rectrain.embedding.torch_ops_backward.table_row_grads``, which the torch-ops backward uses too).
 2. :func:`sparse_adam_update_` applies ``torch.optim.SparseAdam``'s update to exactly those rows of the
    flat weight buffer and of a :class:`SparseAdamState`, in place.
 
@@ -21,118 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rectrain.embedding.config import PoolingType
-from rectrain.errors import ConfigError
+from rectrain.embedding.tbe_layout import TableRowGrads, TBELayout
+from rectrain.embedding.torch_ops_backward import table_row_grads
 
 if TYPE_CHECKING:
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
-
-
-@dataclass(frozen=True)
-class TBELayout:
-    """Where each table lives in a TBE's flat weight buffer and each feature in its output.
-
-    ``weights_offsets[t]`` is the start of table ``t`` (one per *table*; FBGEMM's ``weights_offsets``
-    buffer is the per-*feature* expansion, see :attr:`feature_weights_offsets`). Table ``t`` occupies
-    ``table_rows[t] * table_dims[t]`` consecutive values, row-major. Feature ``f`` reads table
-    ``feature_table_map[f]``; features are laid out in order in the pooled output (:attr:`D_offsets`).
-    """
-
-    table_rows: tuple[int, ...]
-    table_dims: tuple[int, ...]
-    weights_offsets: tuple[int, ...]
-    feature_table_map: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        for name in ("table_rows", "table_dims", "weights_offsets", "feature_table_map"):
-            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
-        num_tables = len(self.table_rows)
-        if num_tables == 0:
-            raise ConfigError("TBELayout needs at least one table; table_rows is empty")
-        if len(self.table_dims) != num_tables or len(self.weights_offsets) != num_tables:
-            raise ConfigError(
-                f"table_rows, table_dims and weights_offsets must have one entry per table; got lengths "
-                f"{num_tables}, {len(self.table_dims)}, {len(self.weights_offsets)}"
-            )
-        for t, (rows, dim, start) in enumerate(zip(self.table_rows, self.table_dims, self.weights_offsets)):
-            if rows <= 0 or dim <= 0 or start < 0:
-                raise ConfigError(
-                    f"table {t}: rows ({rows}) and dim ({dim}) must be > 0 and weights offset ({start}) >= 0"
-                )
-        bad = [t for t in self.feature_table_map if not 0 <= t < num_tables]
-        if bad:
-            raise ConfigError(f"feature_table_map names tables {bad}, but there are only {num_tables} tables")
-        spans = sorted((start, start + rows * dim, t) for t, (rows, dim, start) in enumerate(self._tables()))
-        for (_, end, t), (next_start, _, u) in zip(spans, spans[1:]):
-            if next_start < end:
-                raise ConfigError(f"tables {t} and {u} overlap in the weight buffer ({t} ends at {end})")
-
-    @classmethod
-    def from_tables(
-        cls,
-        table_rows: Sequence[int],
-        table_dims: Sequence[int],
-        feature_table_map: Sequence[int] | None = None,
-    ) -> TBELayout:
-        """Tables packed back to back in order (FBGEMM's host layout); one feature per table by default."""
-        starts = [0]
-        for rows, dim in zip(table_rows, table_dims):
-            starts.append(starts[-1] + rows * dim)
-        if feature_table_map is None:
-            feature_table_map = range(len(table_rows))
-        return cls(
-            tuple(table_rows), tuple(table_dims), tuple(starts[: len(table_rows)]), tuple(feature_table_map)
-        )
-
-    def _tables(self) -> zip[tuple[int, int, int]]:
-        return zip(self.table_rows, self.table_dims, self.weights_offsets)
-
-    @property
-    def num_tables(self) -> int:
-        return len(self.table_rows)
-
-    @property
-    def num_features(self) -> int:
-        return len(self.feature_table_map)
-
-    @property
-    def num_weights(self) -> int:
-        """The smallest flat buffer length that holds every table."""
-        return max(start + rows * dim for rows, dim, start in self._tables())
-
-    @property
-    def feature_dims(self) -> tuple[int, ...]:
-        return tuple(self.table_dims[t] for t in self.feature_table_map)
-
-    @property
-    def D_offsets(self) -> tuple[int, ...]:  # noqa: N802 - FBGEMM's name
-        """Column where each feature's block starts in the pooled output, plus the total width."""
-        offsets = [0]
-        for dim in self.feature_dims:
-            offsets.append(offsets[-1] + dim)
-        return tuple(offsets)
-
-    @property
-    def feature_weights_offsets(self) -> tuple[int, ...]:
-        """FBGEMM's per-feature ``weights_offsets`` buffer: the start of each feature's table."""
-        return tuple(self.weights_offsets[t] for t in self.feature_table_map)
-
-    def table_view(self, buffer: Tensor, table: int) -> Tensor:
-        """Table ``table`` of a flat buffer (weights or optimizer state) as a ``[rows, dim]`` view."""
-        rows, dim, start = self.table_rows[table], self.table_dims[table], self.weights_offsets[table]
-        return buffer[start : start + rows * dim].view(rows, dim)
-
-
-class TableRowGrads(NamedTuple):
-    """The rows of one table a batch read (local ids, sorted, unique) and their summed gradients."""
-
-    rows: Tensor  # int64 [n]
-    grads: Tensor  # [n, table_dim]
 
 
 def _pooling(pooling_mode: PoolingType | PoolingMode) -> PoolingType:
@@ -187,50 +87,6 @@ def _check_inputs(
     return batch_size
 
 
-def _pooled_index_grads(
-    grad_output: Tensor,
-    offsets: Tensor,
-    feature: int,
-    batch_size: int,
-    layout: TBELayout,
-    pooling: PoolingType,
-    per_sample_weights: Tensor | None,
-) -> Tensor:
-    """The gradient reaching each id of one feature: its bag's output gradient, scaled as pooled."""
-    bag_bounds = offsets[feature * batch_size : (feature + 1) * batch_size + 1]
-    lengths = bag_bounds.diff()
-    lo, hi = int(bag_bounds[0]), int(bag_bounds[-1])
-    bag = torch.repeat_interleave(
-        torch.arange(batch_size, device=offsets.device), lengths, output_size=hi - lo
-    )
-    col = layout.D_offsets[feature]
-    grads = grad_output[:, col : col + layout.feature_dims[feature]].index_select(0, bag)
-    if per_sample_weights is not None:
-        grads.mul_(per_sample_weights[lo:hi].to(grads.dtype).unsqueeze(1))
-    if pooling == PoolingType.MEAN:
-        # Only non-empty bags own ids, so the length is never zero here (empty bags contribute nothing).
-        grads.div_(lengths.index_select(0, bag).to(grads.dtype).unsqueeze(1))
-    return grads
-
-
-def _coalesce(
-    ids: list[Tensor], grads: list[Tensor], table: int, layout: TBELayout, like: Tensor
-) -> TableRowGrads:
-    """Sum the gradients of repeated ids of one table into one gradient per unique row."""
-    dim = layout.table_dims[table]
-    if not ids:
-        return TableRowGrads(torch.empty(0, dtype=torch.int64, device=like.device), like.new_empty(0, dim))
-    rows, inverse = torch.unique(torch.cat(ids).long(), sorted=True, return_inverse=True)
-    first, last = int(rows[0]), int(rows[-1])
-    if first < 0 or last >= layout.table_rows[table]:
-        bad = first if first < 0 else last
-        raise ValueError(
-            f"index {bad} is out of range for table {table} with {layout.table_rows[table]} rows"
-        )
-    summed = like.new_zeros(rows.numel(), dim).index_add_(0, inverse, torch.cat(grads))
-    return TableRowGrads(rows, summed)
-
-
 def tbe_row_gradients(
     grad_output: Tensor,
     indices: Tensor,
@@ -251,23 +107,20 @@ def tbe_row_gradients(
     Returns one :class:`TableRowGrads` per table, in table order; a table nothing read gets zero rows.
     """
     pooling = _pooling(pooling_mode)
-    batch_size = _check_inputs(grad_output, indices, offsets, layout, pooling, per_sample_weights)
-    table_ids: list[list[Tensor]] = [[] for _ in range(layout.num_tables)]
-    table_grads: list[list[Tensor]] = [[] for _ in range(layout.num_tables)]
-    feature_bounds = offsets[::batch_size].tolist() if batch_size else [0] * (layout.num_features + 1)
-    for feature, table in enumerate(layout.feature_table_map):
-        lo, hi = feature_bounds[feature], feature_bounds[feature + 1]
-        if lo == hi:
-            continue
-        if pooling == PoolingType.NONE:
-            grads = grad_output[lo:hi]
-        else:
-            grads = _pooled_index_grads(
-                grad_output, offsets, feature, batch_size, layout, pooling, per_sample_weights
+    _check_inputs(grad_output, indices, offsets, layout, pooling, per_sample_weights)
+    per_table = table_row_grads(grad_output, indices, offsets, layout, pooling, per_sample_weights)
+    result = []
+    for table, row_grads in enumerate(per_table):
+        if row_grads is None:
+            dim = layout.table_dims[table]
+            row_grads = TableRowGrads(torch.empty(0, dtype=torch.int64), grad_output.new_empty(0, dim))
+        elif row_grads.rows[0] < 0 or row_grads.rows[-1] >= layout.table_rows[table]:
+            bad = int(row_grads.rows[0] if row_grads.rows[0] < 0 else row_grads.rows[-1])
+            raise ValueError(
+                f"index {bad} is out of range for table {table} with {layout.table_rows[table]} rows"
             )
-        table_ids[table].append(indices[lo:hi])
-        table_grads[table].append(grads)
-    return [_coalesce(table_ids[t], table_grads[t], t, layout, grad_output) for t in range(layout.num_tables)]
+        result.append(row_grads)
+    return result
 
 
 @dataclass

@@ -17,20 +17,13 @@ compiled kernel makes one.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rectrain.embedding.config import EmbOptimType, PoolingType
-from rectrain.embedding.sparse_adam import TBELayout
-
-
-class RowGrads(NamedTuple):
-    """The unique rows (local ids, sorted) of one table a batch read and their summed gradients."""
-
-    rows: Tensor
-    grads: Tensor
+from rectrain.embedding.tbe_layout import TableRowGrads, TBELayout
 
 
 def _feature_scales(
@@ -52,7 +45,7 @@ def table_row_grads(
     layout: TBELayout,
     pooling: PoolingType,
     per_sample_weights: Tensor | None,
-) -> list[RowGrads | None]:
+) -> list[TableRowGrads | None]:
     """Per table, the unique rows read and their gradients summed over repeats (None: table not read).
 
     ``grad_output`` is ``[B, total_D]`` (pooled) or ``[num ids, D]`` (sequence, ``PoolingType.NONE``).
@@ -60,7 +53,7 @@ def table_row_grads(
     num_features = layout.num_features
     batch = (offsets.numel() - 1) // num_features
     bounds = offsets[::batch].tolist() if batch else [0] * (num_features + 1)
-    result: list[RowGrads | None] = []
+    result: list[TableRowGrads | None] = []
     for table in range(layout.num_tables):
         features = [f for f, t in enumerate(layout.feature_table_map) if t == table]
         features = [f for f in features if bounds[f + 1] > bounds[f]]
@@ -81,7 +74,7 @@ def _one_table(
     pooling: PoolingType,
     per_sample_weights: Tensor | None,
     features: list[int],
-) -> RowGrads:
+) -> TableRowGrads:
     num_features = layout.num_features
     batch = (offsets.numel() - 1) // num_features
     bounds = offsets[::batch].tolist()
@@ -105,18 +98,7 @@ def _one_table(
     all_ids = ids[0] if len(ids) == 1 else torch.cat(ids)
     source = sources[0] if len(sources) == 1 else torch.cat(sources)
     scale = _cat_scales(scales, [i.numel() for i in ids])
-    sorted_ids, order = torch.sort(all_ids.long())
-    rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    bag_offsets = torch.zeros(rows.numel(), dtype=torch.int64)
-    torch.cumsum(counts[:-1], 0, out=bag_offsets[1:])
-    grads = torch.nn.functional.embedding_bag(
-        source.index_select(0, order),
-        source_table,
-        bag_offsets,
-        mode="sum",
-        per_sample_weights=None if scale is None else scale.index_select(0, order),
-    )
-    return RowGrads(rows, grads)
+    return _segment_sums(all_ids.long(), source, source_table, scale)
 
 
 def uniform_dim(layout: TBELayout) -> int | None:
@@ -138,7 +120,7 @@ def batched_row_grads(
     layout: TBELayout,
     pooling: PoolingType,
     per_sample_weights: Tensor | None,
-) -> RowGrads:
+) -> TableRowGrads:
     """All tables at once (they share one dim): unique *global* rows (table start row + id) and gradients.
 
     One sort, one segmented reduction and later one update over every table keep each op large enough to
@@ -166,6 +148,12 @@ def batched_row_grads(
         if per_sample_weights is not None:
             weights = per_sample_weights.float()
             scale = weights if scale is None else scale.mul_(weights)
+    return _segment_sums(keys, source, source_table, scale)
+
+
+def _segment_sums(keys: Tensor, source: Tensor, source_table: Tensor, scale: Tensor | None) -> TableRowGrads:
+    """The unique ``keys`` (sorted) and, for each, the sum of the ``source_table`` rows ``source`` names at
+    its positions, each scaled by ``scale`` (None: 1)."""
     sorted_keys, order = torch.sort(keys)
     rows, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
     bag_offsets = torch.zeros(rows.numel(), dtype=torch.int64)
@@ -177,7 +165,7 @@ def batched_row_grads(
         mode="sum",
         per_sample_weights=None if scale is None else scale.index_select(0, order),
     )
-    return RowGrads(rows, grads)
+    return TableRowGrads(rows, grads)
 
 
 def _cat_scales(scales: list[Tensor | None], sizes: list[int]) -> Tensor | None:

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from rectrain.embedding import native_backward
 from rectrain.embedding.config import EmbeddingBagConfig, EmbOptimType, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready, split_tasks
-from rectrain.embedding.sparse_adam import TBELayout
 from rectrain.embedding.table_batch import FusedTableBatch
+from rectrain.embedding.tbe_layout import TBELayout
 from tests.embedding.test_native_backward import assert_same, build, make_batch, make_tables
 
 pytestmark = pytest.mark.skipif(not compiled_ready(), reason="numba kernel unavailable here")

@@ -14,13 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rectrain.embedding.config import PoolingType
-from rectrain.embedding.sparse_adam import (
-    SparseAdamState,
-    TableRowGrads,
-    TBELayout,
-    sparse_adam_update_,
-    tbe_row_gradients,
-)
+from rectrain.embedding.sparse_adam import SparseAdamState, sparse_adam_update_, tbe_row_gradients
+from rectrain.embedding.tbe_layout import TableRowGrads, TBELayout
 
 RTOL, ATOL = 1e-5, 1e-6
 LR, BETAS, EPS = 0.05, (0.9, 0.999), 1e-8
