@@ -123,6 +123,15 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     bench = _config_command(sub, "bench", "time training steps of a run config and print examples/s")
     bench.add_argument("--steps", type=_positive_int, default=20, help="timed steps (default 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    bench.add_argument(
+        "--data",
+        metavar="FILE",
+        help="also train from FILE through the real reader (TSV, .gz, converted dir, .parquet) and report "
+        "its examples/s against synthetic batches, interleaved in one run",
+    )
+    bench.add_argument(
+        "--rounds", type=_positive_int, default=3, help="with --data: timed rounds of each stream (default 3)"
+    )
     bench.set_defaults(func=_bench)
 
 
@@ -137,8 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     _add_training_commands(sub)
     from rectrain.checkpoint.cli import add_ckpt_command
+    from rectrain.datasets.cli import add_data_command
 
     add_ckpt_command(sub)
+    add_data_command(sub)
     return parser
 
 

@@ -67,7 +67,7 @@ def small_run(tmp_path: Path, steps: int = 12) -> list[str]:
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 
-@pytest.mark.parametrize("command", ["demo", "train", "plan", "eval", "bench"])
+@pytest.mark.parametrize("command", ["demo", "train", "plan", "eval", "bench", "data"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as done:
         main([command, "--help"])
@@ -130,3 +130,42 @@ def test_train_under_torchrun_on_two_ranks_learns_and_checkpoints(tmp_path):
         "rank_0.safetensors",
         "rank_1.safetensors",
     }
+
+
+def test_bench_with_data_times_the_reader_against_in_memory_batches(tmp_path, capsys):
+    from tests.train.test_job import SMALL_CRITEO_MODEL, write_criteo
+
+    tsv = write_criteo(tmp_path / "day.tsv", rows=200)
+    sets = [a for pair in [*SMALL_CRITEO_MODEL, "train.batch_size=16"] for a in ("--set", pair)]
+    config = ["--config", str(ROOT / "examples" / "dlrm_criteo.toml"), *sets]
+    assert (
+        main(
+            [
+                "data",
+                "convert",
+                "--num-embeddings",
+                "50",
+                "--out",
+                str(tmp_path / "c"),
+                "--no-progress",
+                str(tsv),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    for data, reader in ((tsv, "criteo"), (tmp_path / "c", "converted")):
+        assert (
+            main(["bench", *config, "--data", str(data), "--steps", "2", "--warmup", "1", "--rounds", "2"])
+            == 0
+        )
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(
+            "2 rounds x 2 steps (pipelined) of 16 examples x 1 ranks, the streams in turn"
+        )
+        assert out[1].startswith("  synthetic batches, in memory: ") and "(100.0%)" in out[1]
+        assert out[3].startswith(f"  {data} through the {reader} reader: ")
+        assert re.fullmatch(r"rectrain bench data/baseline \d+\.\d{3}", out[-2])
+        assert re.fullmatch(r"rectrain bench data/baseline-cpu \d+\.\d{3}", out[-1])
+    assert main(["bench", *config, "--data", str(tmp_path / "missing.tsv")]) == 2
+    assert "missing.tsv does not exist" in capsys.readouterr().err

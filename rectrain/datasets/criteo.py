@@ -11,6 +11,7 @@ Rows are validated column by column (see ``rows`` for the malformed-row policy).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import string
@@ -18,13 +19,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import IterableDataset
 
-from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.lines import text_windows
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, parse_int
-from rectrain.datasets.sharding import check_rank
-from rectrain.datasets.windows import BatchAt, Holdout
+from rectrain.datasets.batching import batch_from_arrays, make_batch, one_id_per_example
+from rectrain.datasets.lines import TextDataset, log_skipped
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowPolicy, parse_int
+from rectrain.datasets.sharding import worker_shard
+from rectrain.datasets.windows import BatchAt
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -38,6 +38,7 @@ DEFAULT_CAT_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
 MISSING_ID = 0
 MAX_HEX_DIGITS = 64  # Criteo's are 8; a longer string is garbage, and int(., 16) of it costs its length
 _HEX = frozenset(string.hexdigits)
+PARSERS = ("columns", "lines")
 
 
 @dataclass
@@ -46,6 +47,8 @@ class CriteoConfig:
 
     ``num_embeddings``: rows of each categorical table (one int for all 26, or 26 ints), >= 2 since row 0 is
     reserved for missing values. ``strict``: raise on the first malformed row instead of skipping it.
+    ``parser``: ``"columns"`` parses blocks of lines with NumPy (``criteo_columns``); ``"lines"`` parses one
+    line at a time in Python (the reference: both give the same batches and report the same bad rows).
     """
 
     paths: list[str]
@@ -54,6 +57,7 @@ class CriteoConfig:
     drop_last: bool = False
     strict: bool = False
     cat_feature_names: list[str] = field(default_factory=lambda: list(DEFAULT_CAT_NAMES))
+    parser: str = "columns"
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):
@@ -62,6 +66,8 @@ class CriteoConfig:
             raise ConfigError("CriteoConfig.paths is empty; give at least one .tsv or .tsv.gz file")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"CriteoConfig.batch_size must be an int >= 1, got {self.batch_size!r}")
+        if self.parser not in PARSERS:
+            raise ConfigError(f"CriteoConfig.parser must be one of {PARSERS}, got {self.parser!r}")
         if len(self.cat_feature_names) != NUM_SPARSE:
             raise ConfigError(f"CriteoConfig.cat_feature_names needs {NUM_SPARSE} names")
         rows = self.table_rows()
@@ -112,54 +118,49 @@ def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float],
     return int(cols[0]), dense, ids
 
 
-class CriteoDataset(IterableDataset):
+class CriteoDataset(TextDataset[tuple[int, list[float], list[int]]]):
     """Batches of this rank's and DataLoader worker's share of the files: its block of every global window
-    (see ``windows``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
+    (see ``lines.TextDataset``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
 
-    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: workers take turns by window, so the batches
-    are the same whatever ``N``. ``windows()`` also gives each batch's data position. ``stats`` counts rows
-    read and skipped in this process.
+    ``config.parser="columns"`` parses the lines of this reader's blocks with NumPy (``criteo_columns``),
+    ``"lines"`` one at a time in Python; both give the same batches at the same positions.
     """
 
-    def __init__(
-        self,
-        config: CriteoConfig,
-        rank: int = 0,
-        world_size: int = 1,
-        *,
-        start_row: int = 0,
-        select: Holdout | None = None,
-    ) -> None:
-        check_rank(rank, world_size)
-        self.config, self.rank, self.world_size = config, rank, world_size
-        self.start_row, self.select = start_row, select
-        self.stats = RowStats()
-        self._rows = config.table_rows()
+    config: CriteoConfig
 
-    def _parse(self, line: str, path: str) -> tuple[int, list[float], list[int]]:
+    @functools.cached_property
+    def _rows(self) -> list[int]:
+        return self.config.table_rows()
+
+    def parse_line(self, line: str, path: str) -> tuple[int, list[float], list[int]]:
         return parse_criteo_line(line, self._rows)
 
     def windows(self) -> Iterator[BatchAt]:
-        """This reader's batch of each window it owns, with the row index after the window."""
-        cfg = self.config
-        for window in text_windows(
+        if self.config.parser == "lines":
+            return super().windows()
+        return self._column_windows()
+
+    def _column_windows(self) -> Iterator[BatchAt]:
+        from rectrain.datasets.block_windows import block_windows
+        from rectrain.datasets.criteo_columns import parse_parts
+
+        cfg, worker = self.config, worker_shard(self.rank, self.world_size)
+        policy = RowPolicy(self.stats, cfg.strict)
+        for rows, end in block_windows(
             cfg.paths,
-            self._parse,
-            self.stats,
+            lambda parts: parse_parts(parts, self._rows, policy),
             batch_size=cfg.batch_size,
             rank=self.rank,
             world_size=self.world_size,
+            owned=worker.owns,
             start_row=self.start_row,
             select=self.select,
             drop_last=cfg.drop_last,
-            strict=cfg.strict,
         ):
-            yield BatchAt(self._batch([row for _, row in window.rows]), window.end)
+            yield BatchAt(batch_from_arrays(cfg.cat_feature_names, rows.labels, rows.dense, rows.ids.T), end)
+        log_skipped(self.stats, self.rank, worker)
 
-    def __iter__(self) -> Iterator[Batch]:
-        return (item.batch for item in self.windows())
-
-    def _batch(self, rows: list[tuple[int, list[float], list[int]]]) -> Batch:
+    def make_batch(self, rows: list[tuple[int, list[float], list[int]]]) -> Batch:
         keys = self.config.cat_feature_names
         labels, dense, ids = zip(*rows) if rows else ((), (), ())
         ids_tensor = torch.tensor(ids, dtype=torch.int64).reshape(len(rows), NUM_SPARSE)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from torch.utils.data import IterableDataset
 
+from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset
 from rectrain.datasets.criteo import CriteoConfig, CriteoDataset
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset
 from rectrain.datasets.synthetic import SyntheticConfig, SyntheticDataset
 from rectrain.datasets.windows import Holdout
 from rectrain.errors import ConfigError
 
-DatasetConfig = SyntheticConfig | CriteoConfig | MovieLensConfig
+DatasetConfig = SyntheticConfig | CriteoConfig | MovieLensConfig | ColumnarConfig
 
 
 def build_dataset(
@@ -20,11 +21,13 @@ def build_dataset(
     *,
     start_row: int = 0,
     select: Holdout | None = None,
+    epoch: int = 0,
 ) -> IterableDataset:
     """The dataset of ``config`` for ``rank`` of ``world_size``; use it with ``DataLoader(batch_size=None)``.
 
     File sources start at row ``start_row`` and read the rows ``select`` keeps (see ``windows``); synthetic
-    data has no rows to start at. Raises ``ConfigError`` for a config type it does not know.
+    data has no rows to start at. ``epoch`` draws the order of a shuffled columnar source (text files and
+    unshuffled sources are read in file order). Raises ``ConfigError`` for a config type it does not know.
     """
     if isinstance(config, SyntheticConfig):
         if start_row or select is not None:
@@ -34,7 +37,9 @@ def build_dataset(
         return CriteoDataset(config, rank, world_size, start_row=start_row, select=select)
     if isinstance(config, MovieLensConfig):
         return MovieLensDataset(config, rank, world_size, start_row=start_row, select=select)
+    if isinstance(config, ColumnarConfig):
+        return ColumnarDataset(config, rank, world_size, start_row=start_row, select=select, epoch=epoch)
     raise ConfigError(
         f"build_dataset: unknown config type {type(config).__name__}; "
-        "expected SyntheticConfig, CriteoConfig or MovieLensConfig"
+        "expected SyntheticConfig, CriteoConfig, MovieLensConfig or ColumnarConfig"
     )

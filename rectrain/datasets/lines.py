@@ -8,23 +8,25 @@ split does not select, cuts the rest into windows (``rank_windows``; DataLoader 
 parses this rank's block of each window. Every reader still reads every line: gzip cannot be split by byte
 range, and a line's window is only known by counting.
 
-The malformed-row policy (``RowParser``): a parser raises ``RowError(column, message)`` for a bad row; the
-policy then either raises ``MalformedRowError`` naming file, line (1-based) and column (``strict=True``) or
-logs a warning, counts the row in ``RowStats`` and skips it. A parser may return ``None`` for a row to pass
-over silently.
+The malformed-row policy (``RowParser``, through ``rows.RowPolicy``): a parser raises ``RowError(column,
+message)`` for a bad row; the policy then either raises ``MalformedRowError`` naming file, line (1-based) and
+column (``strict=True``) or logs a warning, counts the row in ``RowStats`` and skips it. A parser may return
+``None`` for a row to pass over silently.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from rectrain.datasets.rows import MAX_WARNINGS_PER_FILE, MalformedRowError, RowError, RowStats, open_text
-from rectrain.datasets.sharding import worker_shard
-from rectrain.datasets.windows import Holdout, Window, rank_windows
+from torch.utils.data import IterableDataset
+
+from rectrain.datasets.rows import RowError, RowPolicy, RowStats, open_text
+from rectrain.datasets.sharding import ShardInfo, check_rank, worker_shard
+from rectrain.datasets.windows import BatchAt, Holdout, Window, rank_windows
+from rectrain.models.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +71,8 @@ class RowParser(Generic[T]):
         *,
         strict: bool,
     ) -> None:
-        self.paths, self.starts, self.parse, self.stats, self.strict = paths, starts, parse, stats, strict
-        self._warned: Counter[str] = Counter()
+        self.paths, self.starts, self.parse, self.stats = paths, starts, parse, stats
+        self.policy = RowPolicy(stats, strict)
 
     def where(self, index: int) -> tuple[str, int]:
         """(file, 1-based line) of row ``index``."""
@@ -83,14 +85,7 @@ class RowParser(Generic[T]):
         try:
             row = self.parse(text, path)
         except RowError as e:
-            if self.strict:
-                raise MalformedRowError(path, line, e.column, str(e)) from None
-            self.stats.skip(e.column)
-            self._warned[path] += 1
-            if self._warned[path] <= MAX_WARNINGS_PER_FILE:
-                logger.warning("skipping %s:%d: column %s: %s", path, line, e.column, e)
-            if self._warned[path] == MAX_WARNINGS_PER_FILE:
-                logger.warning("%s: further skipped rows are counted without a warning each", path)
+            self.policy.bad_row(path, line, e)
             return None
         if row is not None:
             self.stats.rows_read += 1
@@ -125,6 +120,11 @@ def text_windows(
     for window in rank_windows(rows, batch_size, rank, world_size, drop_last=drop_last, owned=worker.owns):
         parsed = [(i, row) for i, text in window.rows if (row := parser(i, text)) is not None]
         yield Window(parsed, window.end)
+    log_skipped(stats, rank, worker)
+
+
+def log_skipped(stats: RowStats, rank: int, worker: ShardInfo) -> None:
+    """At the end of a pass, one INFO line with the reader's counts when it skipped rows."""
     if stats.rows_skipped:
         logger.info(
             "rank %d, reader %d/%d: %d rows read, %d skipped (by column: %s)",
@@ -135,3 +135,58 @@ def text_windows(
             stats.rows_skipped,
             dict(stats.skipped_by_column),
         )
+
+
+class TextDataset(IterableDataset, Generic[T]):
+    """A dataset of text files read in global windows: this rank's and DataLoader worker's block of every
+    window (see ``windows``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
+
+    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: workers take turns by window, so the batches
+    are the same whatever ``N``. ``windows()`` also gives each batch's data position. ``stats`` counts rows
+    read and skipped in this process. A subclass parses a line (``parse_line``), builds a batch from parsed
+    rows (``make_batch``) and may spot header lines (``is_header``); ``config`` has ``paths``,
+    ``batch_size``, ``drop_last`` and ``strict``.
+    """
+
+    is_header: Callable[[str, str], bool] | None = None
+
+    def __init__(
+        self,
+        config: Any,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        start_row: int = 0,
+        select: Holdout | None = None,
+    ) -> None:
+        check_rank(rank, world_size)
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.start_row, self.select = start_row, select
+        self.stats = RowStats()
+
+    def parse_line(self, line: str, path: str) -> T | None:
+        raise NotImplementedError
+
+    def make_batch(self, rows: list[T]) -> Batch:
+        raise NotImplementedError
+
+    def windows(self) -> Iterator[BatchAt]:
+        """This reader's batch of each window it owns, with the row index after the window."""
+        cfg = self.config
+        for window in text_windows(
+            cfg.paths,
+            self.parse_line,
+            self.stats,
+            batch_size=cfg.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            start_row=self.start_row,
+            select=self.select,
+            drop_last=cfg.drop_last,
+            strict=cfg.strict,
+            is_header=type(self).is_header,
+        ):
+            yield BatchAt(self.make_batch([row for _, row in window.rows]), window.end)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return (item.batch for item in self.windows())

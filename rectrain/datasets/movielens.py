@@ -14,18 +14,14 @@ Bad rows (field count, non-integer ids or timestamp, non-numeric rating) follow 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.lines import text_windows
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, parse_int
-from rectrain.datasets.sharding import check_rank
-from rectrain.datasets.windows import BatchAt, Holdout
+from rectrain.datasets.lines import TextDataset
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, parse_int
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -91,7 +87,7 @@ def parse_rating_line(line: str, layout: str) -> tuple[int, int, float] | None:
     return user, movie, rating
 
 
-def _is_header(line: str, path: str) -> bool:
+def is_rating_header(line: str, path: str) -> bool:
     return _layout(path) == "csv" and line.strip() == CSV_HEADER
 
 
@@ -99,52 +95,20 @@ def _parse_int(text: str, index: int) -> int:
     return parse_int(text, index + 1, _FIELDS[index], low=0)
 
 
-class MovieLensDataset(IterableDataset):
+class MovieLensDataset(TextDataset[tuple[int, int, float]]):
     """Batches of this rank's and DataLoader worker's share of the ratings (its block of every global window,
-    from ``start_row``, of the rows ``select`` keeps; see ``CriteoDataset``). ``stats`` counts rows read and
-    skipped in this process.
+    from ``start_row``, of the rows ``select`` keeps; see ``lines.TextDataset``). ``stats`` counts rows read
+    and skipped in this process.
     """
 
-    def __init__(
-        self,
-        config: MovieLensConfig,
-        rank: int = 0,
-        world_size: int = 1,
-        *,
-        start_row: int = 0,
-        select: Holdout | None = None,
-    ) -> None:
-        check_rank(rank, world_size)
-        self.config, self.rank, self.world_size = config, rank, world_size
-        self.start_row, self.select = start_row, select
-        self.stats = RowStats()
+    config: MovieLensConfig
+    is_header = staticmethod(is_rating_header)
 
     @staticmethod
-    def _parse(line: str, path: str) -> tuple[int, int, float] | None:
+    def parse_line(line: str, path: str) -> tuple[int, int, float] | None:
         return parse_rating_line(line, _layout(path))
 
-    def windows(self) -> Iterator[BatchAt]:
-        """This reader's batch of each window it owns, with the row index after the window."""
-        cfg = self.config
-        for window in text_windows(
-            cfg.paths,
-            self._parse,
-            self.stats,
-            batch_size=cfg.batch_size,
-            rank=self.rank,
-            world_size=self.world_size,
-            start_row=self.start_row,
-            select=self.select,
-            drop_last=cfg.drop_last,
-            strict=cfg.strict,
-            is_header=_is_header,
-        ):
-            yield BatchAt(self._batch([row for _, row in window.rows]), window.end)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return (item.batch for item in self.windows())
-
-    def _batch(self, rows: list[tuple[int, int, float]]) -> Batch:
+    def make_batch(self, rows: list[tuple[int, int, float]]) -> Batch:
         cfg = self.config
         users, movies, ratings = (
             (torch.tensor(c) for c in zip(*rows))

@@ -1,7 +1,8 @@
 """The pieces every file dataset shares: row errors, integer parsing, row counters, opening text files.
 
-A parser raises ``RowError(column, message)`` for a bad row; ``lines.RowParser`` applies the malformed-row
-policy (raise ``MalformedRowError`` naming file, line and column, or warn, count and skip).
+A parser raises ``RowError(column, message)`` for a bad row; ``RowPolicy`` applies the malformed-row policy
+(raise ``MalformedRowError`` naming file, line and column, or warn, count and skip) for every text reader,
+line by line (``lines``) or vectorised (``criteo_columns``).
 """
 
 from __future__ import annotations
@@ -99,3 +100,26 @@ def open_text(path: str | Path) -> io.TextIOBase:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
     return open(path, encoding="utf-8", errors="replace", newline="")
+
+
+class RowPolicy:
+    """The malformed-row policy of one reader: raise (``strict``) or warn, count and skip.
+
+    Per file, warnings go out for the first ``MAX_WARNINGS_PER_FILE`` skipped rows, then one line says the
+    rest are only counted.
+    """
+
+    def __init__(self, stats: RowStats, strict: bool) -> None:
+        self.stats, self.strict = stats, strict
+        self._warned: Counter[str] = Counter()
+
+    def bad_row(self, path: str, line: int, error: RowError) -> None:
+        """Line ``line`` (1-based) of ``path`` is malformed: raise ``MalformedRowError`` or count and warn."""
+        if self.strict:
+            raise MalformedRowError(path, line, error.column, str(error)) from None
+        self.stats.skip(error.column)
+        self._warned[path] += 1
+        if self._warned[path] <= MAX_WARNINGS_PER_FILE:
+            logger.warning("skipping %s:%d: column %s: %s", path, line, error.column, error)
+        if self._warned[path] == MAX_WARNINGS_PER_FILE:
+            logger.warning("%s: further skipped rows are counted without a warning each", path)

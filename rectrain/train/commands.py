@@ -159,6 +159,8 @@ def bench_command(args: argparse.Namespace, distributed: bool) -> int:
     from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
     config = load_config(args)
+    if args.data:
+        return run_on_ranks(lambda env: _data_bench(config, args, env), distributed)
 
     def on_rank(env: ShardingEnv | None) -> int:
         job = TrainJob(config, env, progress_bar=False)
@@ -189,6 +191,15 @@ def bench_command(args: argparse.Namespace, distributed: bool) -> int:
         return 0
 
     return run_on_ranks(on_rank, distributed, config)
+
+
+def _data_bench(config: RunConfig, args: argparse.Namespace, env: ShardingEnv | None) -> int:
+    from rectrain.train.data_bench import run_data_bench
+
+    lines = run_data_bench(config, args, env)
+    if _is_reporting(env):
+        print("\n".join(lines), flush=True)
+    return 0
 
 
 def _barrier(env: ShardingEnv | None) -> None:

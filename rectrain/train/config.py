@@ -41,25 +41,39 @@ class DataConfig:
     """Where batches come from and which of them are held out for evaluation.
 
     ``synthetic`` draws learnable labels (``rectrain.datasets.synthetic``); its held-out split comes from
-    batch streams no training rank reads. For files (``criteo``, ``movielens``) the held-out split is
-    ``eval_paths`` when given, else every ``holdout_every``-th block of ``train.batch_size`` rows of the files
-    (counted from the first row, whatever the number of ranks; never trained on).
-    ``num_batches`` is the synthetic epoch length per rank (default: as many as the run needs). MovieLens
-    ratings become binary labels: 1 when rating >= ``threshold``.
+    batch streams no training rank reads. For files (``criteo``, ``movielens``, ``converted``, ``parquet``)
+    the held-out split is ``eval_paths`` when given, else every ``holdout_every``-th block of
+    ``train.batch_size`` rows of the files (counted from the first row, whatever the number of ranks; never
+    trained on). ``num_batches`` is the synthetic epoch length per rank (default: as many as the run needs).
+    MovieLens ratings become binary labels: 1 when rating >= ``threshold``.
+
+    ``converted``: directories written by ``rectrain data convert`` (their ids were hashed into the table
+    sizes the model must have). ``parquet``: your own files; ``sparse_columns`` are integer (or list of
+    integer) id columns named like the model's features, ``dense_columns`` the model's dense inputs in order,
+    ``label_column`` the label. ``shuffle`` (converted, parquet): each epoch reads blocks of rows in an order
+    drawn from ``train.seed`` and the epoch. ``prefetch``: batches a background thread prepares ahead of
+    training when ``num_workers = 0`` (with workers, each worker's prefetch depth); 0 turns it off.
     """
 
-    source: str = field(default="synthetic", metadata=choices("synthetic", "criteo", "movielens"))
+    source: str = field(
+        default="synthetic", metadata=choices("synthetic", "criteo", "movielens", "converted", "parquet")
+    )
     paths: list[str] = field(default_factory=list)
     eval_paths: list[str] = field(default_factory=list)
     holdout_every: int = field(default=10, metadata={"minimum": 2})
     strict: bool = False
     num_workers: int = field(default=0, metadata=non_negative())
+    prefetch: int = field(default=2, metadata=non_negative())
     num_batches: int | None = field(default=None, metadata=positive())
     ids_per_feature: list[int] = field(default_factory=lambda: [1, 1])
     distribution: str = field(default="uniform", metadata=choices("uniform", "zipf"))
     zipf_alpha: float = field(default=1.1, metadata=positive())
     signal: float = field(default=2.0, metadata=positive())
     threshold: float = 4.0
+    label_column: str = "label"
+    dense_columns: list[str] = field(default_factory=list)
+    sparse_columns: list[str] = field(default_factory=list)
+    shuffle: bool = False
 
 
 @dataclass

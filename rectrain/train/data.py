@@ -4,9 +4,10 @@ The dataset's shape is taken from the model: the dense width is ``model.dense_in
 feature's id range is the row count of the table that reads it. Each training batch comes with the data
 position once it is trained (``PositionedBatch``), which a checkpoint records:
 
-- file sources (``criteo``, ``movielens``) are read in global windows (``rectrain.datasets.windows``): the
-  position is (epoch, rows of the epoch consumed), the same on every rank and for any number of ranks, so a
-  run resumed on another world size continues with the next row;
+- file sources (``criteo``, ``movielens``, ``converted``, ``parquet``) are read in global windows
+  (``rectrain.datasets.windows``): the position is (epoch, rows of the epoch consumed; for a shuffled
+  columnar source, positions in that epoch's order), the same on every rank and for any number of ranks, so
+  a run resumed on another world size continues with the next row;
 - synthetic batches are made per rank from (seed, rank, index): the position counts each rank's batches.
 
 Held-out split: synthetic evaluation batches come from "virtual ranks" ``world_size .. 2 * world_size - 1``
@@ -27,10 +28,13 @@ from rectrain.datasets import CriteoConfig, MovieLensConfig, SyntheticConfig, bu
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, NUM_DENSE
 from rectrain.datasets.factory import DatasetConfig
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
+from rectrain.datasets.prefetch import Prefetcher
 from rectrain.datasets.windows import BATCHES, ROWS, DataPosition, Holdout, Windowed
 from rectrain.errors import ConfigError, RecTrainError
 from rectrain.models.batch import Batch
+from rectrain.train.columnar_data import columnar_dataset_config
 from rectrain.train.config import RunConfig
+from rectrain.train.features import feature_rows, require_features
 
 
 @dataclass
@@ -79,16 +83,16 @@ class RunData:
 
     def _file_batches(self, start: DataPosition) -> Iterator[PositionedBatch]:
         data, epochs = self.config.data, self.config.train.epochs
-        dataset_config = _dataset_config(self.config, data.paths)
+        dataset_config = source_config(self.config, data.paths)
         select = self._holdout(held_out=False)
         passes = range(start.epoch, epochs) if epochs is not None else itertools.count(start.epoch)
         for epoch in passes:
             offset = start.offset if epoch == start.epoch else 0
             dataset = build_dataset(
-                dataset_config, self.rank, self.world_size, start_row=offset, select=select
+                dataset_config, self.rank, self.world_size, start_row=offset, select=select, epoch=epoch
             )
             empty = True
-            for item in _loader(Windowed(dataset), data.num_workers):
+            for item in _loader(Windowed(dataset), data.num_workers, data.prefetch):
                 empty = False
                 yield PositionedBatch(item.batch, DataPosition(epoch, item.end, ROWS, data.source))
             if empty and offset == 0:
@@ -96,11 +100,11 @@ class RunData:
 
     def _synthetic_batches(self, start: int) -> Iterator[Batch]:
         data, train = self.config.data, self.config.train
-        dataset_config = _dataset_config(self.config, [])
+        dataset_config = source_config(self.config, [])
         if data.num_workers == 0:
             return _synthetic_stream(self.config, dataset_config, self.rank, self.world_size, start)
         dataset = build_dataset(dataset_config, self.rank, self.world_size)
-        stream = _epochs(dataset, data.num_workers, train.epochs, self.config.source)
+        stream = _epochs(dataset, data.num_workers, data.prefetch, train.epochs, self.config.source)
         return itertools.islice(stream, start, None)
 
     def _counted(self, batches: Iterable[Batch], start: int) -> Iterator[PositionedBatch]:
@@ -117,24 +121,26 @@ class RunData:
         """The first ``train.eval_batches`` held-out batches of this rank (the same ones every time)."""
         data, count = self.config.data, self.config.train.eval_batches
         if data.source == "synthetic":
-            dataset_config = replace(_dataset_config(self.config, []), num_batches=count)
+            dataset_config = replace(source_config(self.config, []), num_batches=count)
             dataset = build_dataset(dataset_config, self.rank + self.world_size, 2 * self.world_size)
             return iter(dataset)
         paths = data.eval_paths or data.paths
         dataset = build_dataset(
-            _dataset_config(self.config, paths), self.rank, self.world_size, select=self._holdout(True)
+            source_config(self.config, paths), self.rank, self.world_size, select=self._holdout(True)
         )
-        return itertools.islice(iter(_loader(dataset, data.num_workers)), count)
+        return itertools.islice(iter(_loader(dataset, data.num_workers, data.prefetch)), count)
 
 
 def _holds_out_batches(config: RunConfig) -> bool:
     return config.data.source != "synthetic" and not config.data.eval_paths
 
 
-def _loader(dataset: IterableDataset, num_workers: int) -> Iterable[Batch]:
+def _loader(dataset: IterableDataset, num_workers: int, prefetch: int) -> Iterable[Batch]:
+    """One pass over ``dataset``: read ahead by a thread, or by DataLoader worker processes."""
     if num_workers == 0:
-        return dataset
-    return _from_workers(DataLoader(dataset, batch_size=None, num_workers=num_workers))
+        return Prefetcher(dataset, prefetch) if prefetch else dataset
+    depth = {"prefetch_factor": prefetch} if prefetch else {}
+    return _from_workers(DataLoader(dataset, batch_size=None, num_workers=num_workers, **depth))
 
 
 def _from_workers(loader: DataLoader) -> Iterator[Batch]:
@@ -153,11 +159,13 @@ def _from_workers(loader: DataLoader) -> Iterator[Batch]:
         raise RecTrainError(f"malformed row (strict): {message}") from None
 
 
-def _epochs(dataset: IterableDataset, num_workers: int, epochs: int | None, source: str) -> Iterator[Batch]:
+def _epochs(
+    dataset: IterableDataset, num_workers: int, prefetch: int, epochs: int | None, source: str
+) -> Iterator[Batch]:
     passes = range(epochs) if epochs is not None else itertools.count()
     for epoch in passes:
         empty = True
-        for batch in _loader(dataset, num_workers):
+        for batch in _loader(dataset, num_workers, prefetch):
             empty = False
             yield batch
         if empty:
@@ -176,22 +184,16 @@ def _synthetic_stream(
     return (dataset.batch(i % per_epoch) for i in indices)
 
 
-def feature_rows(config: RunConfig) -> dict[str, int]:
-    """``{feature: rows of the table that reads it}`` from the model's tables (the smallest if several)."""
-    rows: dict[str, int] = {}
-    for table in config.model.tables:
-        for feature in table.feature_names:
-            rows[feature] = min(rows.get(feature, table.num_embeddings), table.num_embeddings)
-    return rows
-
-
-def _dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
+def source_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
+    """The dataset config of ``config``'s source reading ``paths``, sized from the model's tables."""
     data, model, src = config.data, config.model, config.source
     rows = feature_rows(config)
     batch_size = config.train.batch_size
+    if data.source in ("converted", "parquet"):
+        return columnar_dataset_config(config, paths, rows)
     if data.source == "synthetic":
         names = [f"cat_{i}" for i in range(len(rows))]
-        _require_features(src, "synthetic data", names, rows, exact=True)
+        require_features(src, "synthetic data", names, rows, exact=True)
         return SyntheticConfig(
             batch_size=batch_size,
             num_batches=data.num_batches or 1,
@@ -210,14 +212,14 @@ def _dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
                 f"{src}: model.dense_in_features: Criteo rows have {NUM_DENSE} integer features, "
                 f"got {model.dense_in_features}"
             )
-        _require_features(src, "Criteo rows", DEFAULT_CAT_NAMES, rows, exact=True)
+        require_features(src, "Criteo rows", DEFAULT_CAT_NAMES, rows, exact=True)
         return CriteoConfig(
             paths=list(paths),
             batch_size=batch_size,
             num_embeddings=[rows[n] for n in DEFAULT_CAT_NAMES],
             strict=data.strict,
         )
-    _require_features(src, "MovieLens ratings", MOVIELENS_FEATURES, rows, exact=False)
+    require_features(src, "MovieLens ratings", MOVIELENS_FEATURES, rows, exact=False)
     return MovieLensConfig(
         paths=list(paths),
         batch_size=batch_size,
@@ -226,16 +228,3 @@ def _dataset_config(config: RunConfig, paths: list[str]) -> DatasetConfig:
         threshold=data.threshold,
         strict=data.strict,
     )
-
-
-def _require_features(source: str, what: str, names: list[str], rows: dict[str, int], *, exact: bool) -> None:
-    """The model's tables must read exactly the data's features (``exact``) or at least these."""
-    missing = [n for n in names if n not in rows]
-    extra = sorted(set(rows) - set(names)) if exact else []
-    if missing or extra:
-        raise ConfigError(
-            f"{source}: model.tables: {what} have the features {names[0]}..{names[-1]} "
-            f"({len(names)}); the tables read {sorted(rows)}"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {extra}" if extra else "")
-        )

@@ -1,8 +1,9 @@
 """Checks before the first step: every path a run uses, so that no mistake is found after hours of training.
 
 Each check raises ``ConfigError`` with one line naming the config key, the path and the fix: data and
-evaluation files exist and are files, the checkpoint directory and the metrics log can be created and
-written, a plan file exists, and ``resume = false`` does not write beside the checkpoints of another run.
+evaluation files exist and are files (converted data: directories with a manifest), the checkpoint directory
+and the metrics log can be created and written, a plan file exists, and ``resume = false`` does not write
+beside the checkpoints of another run.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rectrain.datasets.columnar import ColumnarManifest, DataFormatError
 from rectrain.datasets.rows import DataFileError, check_data_file
 from rectrain.errors import ConfigError
 from rectrain.train.config import RunConfig
@@ -23,10 +25,7 @@ def check_run_paths(config: RunConfig, *, training: bool = True) -> None:
         keys.insert(0, ("data.paths", data.paths))
     for key, paths in keys:
         for path in paths:
-            try:
-                check_data_file(path, f"{src}: {key}: file")
-            except DataFileError as e:
-                raise ConfigError(str(e)) from None
+            _check_data_path(config, path, f"{src}: {key}")
     plan_file = config.planner.plan_file
     if plan_file and not Path(plan_file).is_file():
         raise ConfigError(
@@ -46,6 +45,17 @@ def _nearest_existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def _check_data_path(config: RunConfig, path: str, where: str) -> None:
+    """A data file exists; converted data are a directory (or its manifest.json) with a readable manifest."""
+    try:
+        if config.data.source == "converted":
+            ColumnarManifest.load(path)
+        else:
+            check_data_file(path, f"{where}: file")
+    except (DataFileError, DataFormatError) as e:
+        raise ConfigError(f"{where}: {e}" if config.data.source == "converted" else str(e)) from None
 
 
 def _check_writable_dir(path: Path, key: str) -> None:

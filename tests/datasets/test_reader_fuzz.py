@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from rectrain.datasets import (
@@ -53,6 +53,7 @@ def _criteo_line(rows: int) -> list[str]:
 
 @given(column=st.integers(0, NUM_COLUMNS), value=fields, rows=st.sampled_from(ROWS), extra=st.integers(-2, 2))
 def test_criteo_line_parses_in_range_or_names_the_column(column, value, rows, extra):
+    assume("\t" not in value)  # a tab in a value changes the column count: that is what ``extra`` tests
     cols = _criteo_line(rows)
     if column < NUM_COLUMNS:
         cols[column] = value

@@ -58,7 +58,7 @@ def test_a_bad_type_names_file_key_and_expected_type(tmp_path):
     [
         ("[train]\nsteps = 0\n", "run.toml: train.steps: expected a positive int, got 0"),
         ("[train]\nsteps = 5\npipeline = 1\n", "train.pipeline: expected a bool (true or false), got 1"),
-        ("[train]\nsteps = 5\n[data]\nsource = 'parquet'\n", "data.source: expected one of 'synthetic'"),
+        ("[train]\nsteps = 5\n[data]\nsource = 'hdf5'\n", "data.source: expected one of 'synthetic'"),
         ("[train]\nsteps = 5\n[optimizer]\nsparse_lr = -1.0\n", "optimizer.sparse_lr: expected a positive"),
         ("[train]\nsteps = 5\n[data]\npaths = 'a.tsv'\n", "data.paths: expected a list of strings"),
         ("[train]\nsteps = 5\neval_every = -1\n", "train.eval_every: expected a non-negative int, got -1"),
