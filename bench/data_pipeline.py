@@ -1,6 +1,6 @@
 """The input pipeline against the model: readers alone, conversion against an epoch, training from files.
 
-    PYTHONPATH=. .venv/bin/python bench/data_pipeline.py [--rows 250000] [--convert-gb 1.0]
+    .venv/bin/python bench/data_pipeline.py [--rows 250000] [--convert-gb 1.0]
         [--world-sizes 1 2] [--steps 30] [--rounds 3] [--batch-size 512] [--prefetch 2 0] [--threads N]
         [--skip-train]
 
