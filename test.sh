@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # Installs the project and its test tools (into .venv when missing), then lints and runs the whole test suite.
+# Then, unless RECTRAIN_SKIP_TRITON_ENV is set, runs the serving tests again in .venv-triton: the project
+# installed beside tritonclient[grpc] in one resolve (protobuf 6 and the grpcio packages that accept it), which
+# also runs the tritonclient tests that the first environment skips.
 set -euo pipefail
 cd "$(dirname "$0")"
-source scripts/venv.sh test
-ruff check .
-ruff format --check .
-set +e
-python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "test.sh: pytest collected no tests; treating that as a failure" >&2
-  exit 1
+
+run_pytest() {
+  set +e
+  python -m pytest "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests; treating that as a failure" >&2
+    return 1
+  fi
+  return "$rc"
+}
+
+(
+  source scripts/venv.sh test
+  ruff check .
+  ruff format --check .
+  run_pytest "$@"
+)
+if [ -z "${RECTRAIN_SKIP_TRITON_ENV:-}" ]; then
+  (
+    export RECTRAIN_VENV=.venv-triton
+    source scripts/venv.sh test,triton
+    python -c "import google.protobuf as p, tritonclient; print('protobuf', p.__version__, 'with tritonclient')"
+    run_pytest -q tests/serving
+  )
 fi
-exit "$rc"

@@ -45,6 +45,7 @@ from torchrec_reference import venv_python
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
+from rectrain.embedding.native_backward import auto_choice
 from rectrain.models import DLRM, Batch, DLRMTrain
 from rectrain.train import TrainPipelineBase, TrainPipelineSparseDist
 
@@ -226,6 +227,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.world_size < 1 or a.steps < 1 or a.repeats < 1:
         ap.error("--world-size, --steps and --repeats must be >= 1")
+    print(f"CPU embedding backward (auto): {auto_choice()}", flush=True)
     ours, plains, peers, bounds = [], [], [], []
     for repeat in range(a.repeats):
         examples_s, plain_s = measure(a, repeat)

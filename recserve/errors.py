@@ -9,6 +9,10 @@ class InvalidRequestError(RecServeError, ValueError):
     """A request's content is malformed (maps to INVALID_ARGUMENT)."""
 
 
+class ModelNotFoundError(RecServeError, LookupError):
+    """A request names a model or version the server does not have (maps to NOT_FOUND)."""
+
+
 class OverloadedError(RecServeError):
     """The server's queue is full (maps to RESOURCE_EXHAUSTED)."""
 

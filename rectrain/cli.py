@@ -104,6 +104,11 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     train = _config_command(sub, "train", "train the model of a run config (alone or under torchrun)")
     train.add_argument("--strict", action="store_true", help="stop at the first malformed data row")
     train.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with checkpoint.resume = false, delete the checkpoints already in checkpoint.dir",
+    )
     train.set_defaults(func=_train)
     plan = _config_command(sub, "plan", "print the sharding plan of a run config without training")
     plan.add_argument(
@@ -139,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
-    )
+    # force: importing fbgemm_gpu logs through the root logger, which configures it first. Our own logs at
+    # INFO, other libraries' (FBGEMM's table dumps) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", force=True)
+    logging.getLogger("rectrain").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         code = args.func(args)
     except RecTrainError as e:

@@ -1,13 +1,17 @@
 """Files that survive a crash: fsync of files and directories, and atomic text replacement.
 
-Shared by everything that writes what a user relies on later (plans, checkpoints, model packages).
+Shared by everything that writes what a user relies on later (plans, checkpoints, model packages). Files get
+the permissions of the process umask like any file the user creates (``0644`` under the usual ``022``), so
+that a job running as another user of the group (an export, a server) can read them.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
+
+_FILE_MODE = 0o666  # open() and creat() start here; the umask takes bits away
 
 
 def fsync_path(path: Path) -> None:
@@ -19,9 +23,29 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (momentarily visible to other threads)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give ``path`` the mode a newly created file gets under the umask (for writers that make files 0600)."""
+    os.chmod(path, _FILE_MODE & ~current_umask())
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` atomically: temp file in the same directory, fsync, rename, fsync dir."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

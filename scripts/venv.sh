@@ -13,6 +13,9 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".${extra:+[$extra]}"
   touch "$stamp"
 fi
-export PATH="$PWD/$VENV/bin:$PATH"
+case "$VENV" in
+  /*) export PATH="$VENV/bin:$PATH" ;;
+  *) export PATH="$PWD/$VENV/bin:$PATH" ;;
+esac
 # gRPC stubs from protos/ (git-ignored; regenerated when a .proto is newer than its stubs)
 "$VENV/bin/python" -m recserve.server.protogen --check || "$VENV/bin/python" -m recserve.server.protogen >/dev/null

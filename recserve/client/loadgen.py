@@ -152,33 +152,26 @@ def _process_main(
     results.put((lat, dict(errors)))
 
 
-def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> LoadgenResult:
-    """Runs one closed-loop load test against ``cfg.target``."""
-    if requests is None:
-        with PredictorClient(cfg.target) as client:
-            client.wait_ready(30)
-            model = client.metadata()
-        requests = build_requests(model, cfg.request_batch, 16, cfg.ids_per_feature, cfg.seed)
-    nproc = cfg.processes or min(cfg.concurrency, os.cpu_count() or 1)
-    shares = [cfg.concurrency // nproc + (1 if i < cfg.concurrency % nproc else 0) for i in range(nproc)]
+def requests_for(cfg: LoadgenConfig, count: int = 16) -> list[bytes]:
+    """``count`` serialized requests fitting the schema the server at ``cfg.target`` reports."""
+    with PredictorClient(cfg.target) as client:
+        client.wait_ready(30)
+        model = client.metadata()
+    return build_requests(model, cfg.request_batch, count, cfg.ids_per_feature, cfg.seed)
+
+
+def fan_out(target, process_args: list[tuple], wait_s: float) -> tuple[np.ndarray, dict[str, int]]:
+    """Runs ``target(*args, ready, go, results)`` in one spawned process per ``args``; all start together.
+
+    Each process sets ``ready`` once connected, waits for ``go``, and puts ``(latencies, errors)`` on
+    ``results``; the latencies and error counts of all of them are returned together.
+    """
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
-    readies, procs = [], []
-    for i, callers in enumerate(s for s in shares if s):
+    procs, readies = [], []
+    for args in process_args:
         ready = ctx.Event()
-        args = (
-            cfg.target,
-            requests,
-            callers,
-            cfg.warmup_s,
-            cfg.duration_s,
-            cfg.timeout_s,
-            3 * i,
-            ready,
-            go,
-            results,
-        )
-        procs.append(ctx.Process(target=_process_main, args=args, daemon=True))
+        procs.append(ctx.Process(target=target, args=(*args, ready, go, results), daemon=True))
         readies.append(ready)
         procs[-1].start()
     for ready in readies:
@@ -187,24 +180,34 @@ def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> Load
     latencies: list[float] = []
     errors: Counter = Counter()
     for _ in procs:
-        lat, err = results.get(timeout=cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120)
+        lat, err = results.get(timeout=wait_s)
         latencies += lat
         errors.update(err)
     for p in procs:
         p.join()
-    return LoadgenResult(
-        cfg.concurrency, cfg.duration_s, cfg.request_batch, np.asarray(latencies), dict(errors)
-    )
+    return np.asarray(latencies), dict(errors)
+
+
+def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> LoadgenResult:
+    """Runs one closed-loop load test against ``cfg.target``."""
+    if requests is None:
+        requests = requests_for(cfg)
+    nproc = cfg.processes or min(cfg.concurrency, os.cpu_count() or 1)
+    shares = [cfg.concurrency // nproc + (1 if i < cfg.concurrency % nproc else 0) for i in range(nproc)]
+    process_args = [
+        (cfg.target, requests, callers, cfg.warmup_s, cfg.duration_s, cfg.timeout_s, 3 * i)
+        for i, callers in enumerate(s for s in shares if s)
+    ]
+    wait_s = cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120
+    latencies, errors = fan_out(_process_main, process_args, wait_s)
+    return LoadgenResult(cfg.concurrency, cfg.duration_s, cfg.request_batch, latencies, errors)
 
 
 def sweep(cfg: LoadgenConfig, levels: list[int]) -> list[LoadgenResult]:
     """One run per concurrency level (same requests for all)."""
-    with PredictorClient(cfg.target) as client:
-        client.wait_ready(30)
-        model = client.metadata()
-    requests = build_requests(model, cfg.request_batch, 16, cfg.ids_per_feature, cfg.seed)
     from dataclasses import replace
 
+    requests = requests_for(cfg)
     return [run_loadgen(replace(cfg, concurrency=c), requests) for c in levels]
 
 

@@ -26,12 +26,13 @@ from recserve.runtime.package import (
     weights_key,
 )
 from recserve.runtime.placement import TableShard
-from rectrain.durable import fsync_path
+from rectrain.durable import follow_umask, fsync_path
 
 
 def _save(tensors: dict[str, Tensor], path: Path) -> dict[str, object]:
     """Save ``tensors`` as safetensors at ``path``; its manifest entry (sha256, bytes)."""
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    follow_umask(path)  # safetensors creates its files 0600
     fsync_path(path)
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from recserve.server.admin import build_admin_server
 from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
@@ -30,11 +30,13 @@ from recserve.server.core import InferenceCore
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
-from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2
+from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
+from recserve.server.rest import RestApi, RestServer
 from recserve.server.runner import ModelRunner
 from recserve.server.servicer import PredictorServicer
 from recserve.server.status import StatusInterceptor
+from recserve.server.triton_ext import Repository
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,14 @@ class RecServer:
             watch_dir=cfg.watch,
             interval_s=cfg.watch_interval_s,
         )
+        self.repository = Repository(
+            self.core,
+            self.reloader,
+            cfg.effective_reload_root,
+            polling=cfg.watch is not None,
+        )
         self.health = health.HealthServicer()
+        self.reloader.on_change = self._model_health
         self.admission = AdmissionLimit(cfg.effective_max_inflight)
         self.lag = None
         if cfg.max_queue_lag_ms > 0:
@@ -101,8 +110,20 @@ class RecServer:
         self._server = self._build_grpc_server()
         self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.reloader, self.metrics)
         self._metrics_http = None
+        self._rest = None
+        if cfg.http_port is not None:
+            api = RestApi(self.core, self.repository, self.metrics, self.admission, device=cfg.device)
+            self._rest = RestServer(
+                api,
+                cfg.host,
+                cfg.http_port,
+                max_body_bytes=cfg.max_message_bytes,
+                drain_timeout_s=cfg.drain_timeout_s,
+                reuse_port=cfg.workers > 1,
+            )
         self._probe_dir: str | None = None
         self.port = 0
+        self.http_port = 0
         self.admin_port = 0
 
     def _build_grpc_server(self) -> grpc.Server:
@@ -130,10 +151,12 @@ class RecServer:
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
-        add_service(server, oip_pb2, "GRPCInferenceService", InferenceServicer(self.core), decode_log)
+        oip = InferenceServicer(self.core, self.repository, device=cfg.device)
+        add_service(server, oip_pb2, "GRPCInferenceService", oip, decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (PREDICTOR_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        pool = reflection_pool(pb2, oip_pb2, health_pb2, reflection_pb2)
+        reflection.enable_server_reflection(names, server, pool=pool)
         return server
 
     def start(self) -> int:
@@ -152,6 +175,8 @@ class RecServer:
                 raise OSError(f"could not bind the queue-lag probe socket {probe_address}")
         self._start_admin()
         self._server.start()
+        if self._rest is not None:
+            self.http_port = self._rest.start()
         if probe_address is not None:
             self.lag.start(probe_address)
         if cfg.metrics_port is not None:
@@ -170,6 +195,15 @@ class RecServer:
             "TLS" if cfg.tls_cert else "plaintext",
         )
         return self.port
+
+    def _model_health(self, serving: bool) -> None:
+        """After an unload or a load that ends it: the model's services report whether it serves (readiness
+        probes then take an unloaded model's pod out of rotation); the overall service "" stays SERVING."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in HEALTH_SERVICES[1:]:
+            self.health.set(name, status)
 
     def _start_admin(self) -> None:
         cfg = self.cfg
@@ -194,7 +228,10 @@ class RecServer:
         self.reloader.stop()
         if self.lag is not None:
             self.lag.stop()
-        self._server.stop(grace=self.cfg.drain_timeout_s).wait()
+        grpc_stopped = self._server.stop(grace=self.cfg.drain_timeout_s)  # both ports drain at once
+        if self._rest is not None:
+            self._rest.stop()
+        grpc_stopped.wait()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
         self._shed_pool.shutdown(wait=False)

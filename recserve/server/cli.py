@@ -30,6 +30,12 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: %(default)s)")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus /metrics port; -1 turns it off")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=-1,
+        help="Open Inference Protocol over HTTP/REST on --host (e.g. 8000, as KServe/Triton); -1: off",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--max-batch-size", type=int, default=512, help="examples per batch and per request")
@@ -90,6 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
+        http_port=None if args.http_port < 0 else args.http_port,
         workers=args.workers,
         max_batch_size=args.max_batch_size,
         max_queue_delay_ms=args.max_queue_delay_ms,

@@ -26,6 +26,7 @@ class ServeConfig:
     port: int = 50051
     metrics_port: int | None = 9400  # None: no /metrics endpoint
     metrics_host: str = "127.0.0.1"
+    http_port: int | None = None  # Open Inference Protocol REST on --host (None: off)
     workers: int = 1
     max_batch_size: int = 512
     max_queue_delay_ms: float = 2.0
@@ -54,6 +55,13 @@ class ServeConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ServeConfigError(f"--port: expected 0..65535, got {self.port}")
+        if self.http_port is not None:
+            if not 0 <= self.http_port <= 65535:
+                raise ServeConfigError(f"--http-port: expected 0..65535 or -1 (off), got {self.http_port}")
+            if self.http_port == self.port != 0:
+                raise ServeConfigError(f"--http-port: {self.http_port} is the gRPC --port; give another one")
+            if self.workers > 1 and self.http_port == 0:
+                raise ServeConfigError("--http-port: several --workers share one port, so give it (not 0)")
         if self.workers < 1:
             raise ServeConfigError(f"--workers: expected >= 1, got {self.workers}")
         if self.workers > 1 and self.port == 0:

@@ -22,16 +22,16 @@ import torch
 from torch import Tensor
 
 import recserve
-from recserve.errors import InvalidRequestError
+from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
 from recserve.server.arrays import FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
 from recserve.server.servicer import request_deadline
+from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config, model_statistics
 from recserve.server.validation import ModelSchema
 
 DENSE_INPUT = "dense"
 SCORES_OUTPUT = "scores"
-PLATFORM = "recserve_fbgemm"
 # datatype -> (little-endian numpy dtype, InferTensorContents field)
 _DATATYPES = {
     "FP32": ("<f4", "fp32_contents"),
@@ -40,7 +40,7 @@ _DATATYPES = {
 }
 # Parameters the Triton/KServe clients send, with the InferParameter field each must use.
 _REQUEST_PARAMETERS = {
-    "priority": ("int64_param",),
+    "priority": ("uint64_param", "int64_param"),
     "timeout": ("int64_param",),
     "sequence_id": ("int64_param", "string_param"),
     "sequence_start": ("bool_param",),
@@ -235,18 +235,13 @@ def _feature_weights(feature: str, weights: Tensor, values: Tensor, schema: Mode
 
 
 class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
-    """The OIP v2 service: health, metadata and ModelInfer over :class:`InferenceCore`."""
+    """The OIP v2 service: health, metadata and ModelInfer over :class:`InferenceCore`, plus Triton's model
+    configuration, statistics and repository extensions (:mod:`recserve.server.triton_ext`)."""
 
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: InferenceCore, repository: Repository, *, device: str = "cpu") -> None:
         self._core = core
-
-    def _check_model(self, name: str, version: str) -> ModelSchema:
-        s = self._core.schema
-        if name and name != s.model_name:
-            raise InvalidRequestError(f"model_name: {name!r} is not served here (serving {s.model_name!r})")
-        if version and version != s.version:
-            raise InvalidRequestError(f"model_version: {version!r} is not served (serving {s.version!r})")
-        return s
+        self._repository = repository
+        self._device = device
 
     def ServerLive(self, request, context):
         return oip_pb2.ServerLiveResponse(live=True)
@@ -255,15 +250,19 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         return oip_pb2.ServerReadyResponse(ready=self._core.ready)
 
     def ModelReady(self, request, context):
-        s = self._core.schema
-        ok = self._core.ready and request.name in ("", s.model_name) and request.version in ("", s.version)
-        return oip_pb2.ModelReadyResponse(ready=ok)
+        try:
+            self._core.find(request.name, request.version)
+        except (ModelNotFoundError, UnavailableError):
+            return oip_pb2.ModelReadyResponse(ready=False)
+        return oip_pb2.ModelReadyResponse(ready=self._core.ready)
 
     def ServerMetadata(self, request, context):
-        return oip_pb2.ServerMetadataResponse(name="recserve", version=recserve.__version__)
+        return oip_pb2.ServerMetadataResponse(
+            name="recserve", version=recserve.__version__, extensions=list(EXTENSIONS)
+        )
 
     def ModelMetadata(self, request, context):
-        s = self._check_model(request.name, request.version)
+        s = self._core.find(request.name, request.version).schema
         resp = oip_pb2.ModelMetadataResponse(name=s.model_name, versions=[s.version], platform=PLATFORM)
         for name, dtype, shape in input_metadata(s):
             resp.inputs.add(name=name, datatype=dtype, shape=shape)
@@ -272,9 +271,15 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
         received = time.monotonic()
-        schema = self._check_model(request.model_name, request.model_version)
+        schema = self._core.find(request.model_name, request.model_version).schema
         arrays = decode_infer_request(request, schema)
-        result = self._core.infer(arrays, deadline=request_deadline(context, received))
+        result = self._core.infer(
+            arrays,
+            deadline=request_deadline(context, received),
+            model_name=request.model_name,
+            model_version=request.model_version,
+            received=received,
+        )
         resp = oip_pb2.ModelInferResponse(
             model_name=result.model_name, model_version=result.model_version, id=request.id
         )
@@ -284,3 +289,28 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         else:
             out.contents.fp32_contents.extend(result.scores.tolist())
         return resp
+
+    def ModelConfig(self, request, context):
+        runner = self._core.find(request.name, request.version)
+        return oip_pb2.ModelConfigResponse(
+            config=model_config(runner, input_metadata(runner.schema), self._device)
+        )
+
+    def ModelStatistics(self, request, context):
+        resp = oip_pb2.ModelStatisticsResponse()
+        if not request.name and not self._core.current:
+            return resp  # every model: none is loaded
+        runner = self._core.find(request.name, request.version)
+        resp.model_stats.append(model_statistics(runner))
+        return resp
+
+    def RepositoryIndex(self, request, context):
+        return oip_pb2.RepositoryIndexResponse(models=self._repository.index(request.ready))
+
+    def RepositoryModelLoad(self, request, context):
+        self._repository.load(request.model_name, request.parameters)
+        return oip_pb2.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request, context):
+        self._repository.unload(request.model_name, request.parameters)
+        return oip_pb2.RepositoryModelUnloadResponse()

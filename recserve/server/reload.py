@@ -75,6 +75,9 @@ class Reloader:
         self._watch_dir = watch_dir
         self._interval_s = interval_s
         self._lock = threading.Lock()
+        self._last_package = core.runner.package_dir
+        # Told whether the model serves after each swap-in or unload (the server's health statuses).
+        self.on_change: Callable[[bool], None] | None = None
         self._tried: set[tuple] = set()  # version dir stamps (file names, sizes, mtimes) already attempted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -92,25 +95,53 @@ class Reloader:
                 package_dir = newest_version_dir(self._watch_dir)
                 if package_dir is None:
                     raise PackageError(f"{self._watch_dir}: no version directory with a {MANIFEST}")
-            old = self._core.runner
-            try:
-                check_version_dir(package_dir, self._watch_dir)
-                runner = self._load(package_dir)
-            except Exception as exc:
-                self._metrics.model_reloads.labels("failure").inc()
-                logger.error("reload of %s failed, still serving %s %s: %s", package_dir, *old.model_id, exc)
+            return self._load_locked(package_dir)
+
+    def load_latest(self, root: Path | None) -> tuple[str, str, bool]:
+        """Triton's explicit load: the newest numbered version under ``root``, else the last package."""
+        with self._lock:
+            target = (None if root is None else newest_version_dir(root)) or self._last_package
+            if target is None:
                 raise PackageError(
-                    f"{package_dir}: failed to load ({exc}); still serving {' '.join(old.model_id)}"
-                ) from exc
-            if runner.model_id == old.model_id:
-                runner.close()
-                return (*old.model_id, False)
-            draining = self._core.swap(runner)
-            # Announce the new model before draining the old one: requests already see it, so must /metrics.
-            self._metrics.model_reloads.labels("success").inc()
-            self._metrics.serving(*runner.model_id, previous=draining.model_id)
+                    "load: no numbered version under the reload root and no package served before"
+                )
+            return self._load_locked(target)
+
+    def unload(self) -> bool:
+        """Stops serving the model (its queued requests finish first); False if it was not loaded."""
+        with self._lock:
+            old = self._core.unload()
+            if old is None:
+                return False
+            self._metrics.model_info.labels(*old.model_id).set(0)
+            if self.on_change is not None:
+                self.on_change(False)
+            old.close()
+            return True
+
+    def _load_locked(self, package_dir: Path) -> tuple[str, str, bool]:
+        old = self._core.current
+        serving = "nothing (unloaded)" if old is None else " ".join(old.model_id)
+        try:
+            check_version_dir(package_dir, self._watch_dir)
+            runner = self._load(package_dir)
+        except Exception as exc:
+            self._metrics.model_reloads.labels("failure").inc()
+            logger.error("reload of %s failed, still serving %s: %s", package_dir, serving, exc)
+            raise PackageError(f"{package_dir}: failed to load ({exc}); still serving {serving}") from exc
+        if old is not None and runner.model_id == old.model_id:
+            runner.close()
+            return (*old.model_id, False)
+        self._last_package = Path(package_dir)
+        draining = self._core.swap(runner)
+        # Announce the new model before draining the old one: requests already see it, so must /metrics.
+        self._metrics.model_reloads.labels("success").inc()
+        self._metrics.serving(*runner.model_id, previous=None if draining is None else draining.model_id)
+        if draining is None and self.on_change is not None:
+            self.on_change(True)  # it was unloaded
+        if draining is not None:
             draining.close()
-            return (*runner.model_id, True)
+        return (*runner.model_id, True)
 
     def start_watching(self) -> None:
         """Polls the watch dir every ``interval_s`` seconds in a daemon thread."""
@@ -128,7 +159,8 @@ class Reloader:
         assert self._watch_dir is not None
         while not self._stop.wait(self._interval_s):
             newest = newest_version_dir(self._watch_dir)
-            if newest is None or newest == self._core.runner.package_dir:
+            current = self._core.current
+            if newest is None or (current is not None and newest == current.package_dir):
                 continue
             try:
                 stamp = (

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from recserve.server.batcher import BatcherConfig, BatchObserver, DynamicBatcher
+from recserve.server.stats import ModelStats
 from recserve.server.validation import InferenceRequest, ModelSchema
 from rectrain.sparse import KeyedJaggedTensor
 
@@ -91,6 +92,7 @@ class ModelRunner:
         self.package_dir = package_dir
         self.schema = ModelSchema.from_metadata(predictor.metadata, batcher_config.max_batch_size)
         self.feature_dtypes = _feature_dtypes(package_dir, predictor.metadata.table_dtypes)
+        self.stats = ModelStats()
         self.batcher: DynamicBatcher[InferenceRequest, Tensor] = DynamicBatcher(
             self._predict_batch,
             batcher_config,
@@ -107,13 +109,21 @@ class ModelRunner:
         return self.batcher.submit(request, size=request.batch_size, deadline=deadline)
 
     @torch.inference_mode()
-    def _predict_batch(self, requests: list[InferenceRequest]) -> list[Tensor]:
+    def _predict_batch(self, requests: list[InferenceRequest], *, record: bool = True) -> list[Tensor]:
+        t0 = time.perf_counter()
         dense, kjt = merge_requests(requests)
+        t1 = time.perf_counter()
         # Every request was checked on arrival (check_request), so the merged batch is not checked again.
         scores = self.predictor.predict(dense, kjt, checked=True).reshape(-1)
+        t2 = time.perf_counter()
         if scores.numel() != dense.shape[0]:
             raise RuntimeError(f"predictor returned {scores.numel()} scores for a batch of {dense.shape[0]}")
-        return list(torch.split(scores.to(torch.float32), [r.batch_size for r in requests]))
+        out = list(torch.split(scores.to(torch.float32), [r.batch_size for r in requests]))
+        if record:
+            self.stats.batch_done(
+                int(dense.shape[0]), len(requests), t1 - t0, t2 - t1, time.perf_counter() - t2
+            )
+        return out
 
     def warmup(self, batch_size: int = 8) -> None:
         """Scores one batch of id 0, so that a swapped-in model answers its first request at full speed."""
@@ -127,7 +137,7 @@ class ModelRunner:
             stride=batch_size,
         )
         start = time.monotonic()
-        self._predict_batch([InferenceRequest(dense, kjt)])
+        self._predict_batch([InferenceRequest(dense, kjt)], record=False)
         logger.info("warmed up %s %s in %.1f ms", *self.model_id, (time.monotonic() - start) * 1e3)
 
     def close(self, timeout: float | None = None) -> None:

@@ -30,7 +30,10 @@ class PredictorServicer(pb2_grpc.PredictorServicer):
         received = time.monotonic()
         arrays = decode_predict_request(request)
         result = self._core.infer(
-            arrays, deadline=request_deadline(context, received), model_name=request.model_name
+            arrays,
+            deadline=request_deadline(context, received),
+            model_name=request.model_name,
+            received=received,
         )
         resp = pb2.PredictResponse(
             request_id=request.request_id, model_name=result.model_name, model_version=result.model_version

@@ -33,6 +33,7 @@ import grpc
 from recserve.errors import (
     DeadlineExceededError,
     InvalidRequestError,
+    ModelNotFoundError,
     OverloadedError,
     PackageError,
     PermissionDeniedError,
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),

@@ -18,7 +18,7 @@ def _size(num_bytes: int) -> str:
 
 
 def format_info(manifest: Manifest, where: str) -> str:
-    """The ``ckpt info`` text: header, files, one row per table, dense state and ``extra``."""
+    """The ``ckpt info`` text: header, files, one row per table, dense state, ``extra``, data position."""
     when = datetime.datetime.fromtimestamp(manifest.created_unix).isoformat(timespec="seconds")
     lines = [
         f"checkpoint {where}: step {manifest.step}, saved by {manifest.world_size} rank(s) at {when} "
@@ -43,6 +43,8 @@ def format_info(manifest: Manifest, where: str) -> str:
     if manifest.model_config is not None:
         lines.append(f"model: {manifest.model_config.get('kind', '?')}")
     lines.append(f"extra: {json.dumps(manifest.extra, sort_keys=True)}")
+    if manifest.data_position is not None:
+        lines.append(f"data position: {json.dumps(manifest.data_position, sort_keys=True)}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import FileEntry
-from rectrain.durable import fsync_path
+from rectrain.durable import follow_umask, fsync_path
 
 _CHUNK = 8 << 20
 
@@ -30,6 +30,7 @@ def sha256_of(path: Path) -> FileEntry:
 def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> FileEntry:
     """Write ``tensors`` (contiguous, on cpu) to ``path``, fsync it, return its checksum and size."""
     save_file(tensors, str(path))
+    follow_umask(path)  # safetensors creates its files 0600
     fsync_path(path)
     return sha256_of(path)
 

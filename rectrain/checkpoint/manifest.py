@@ -3,8 +3,10 @@
 A checkpoint directory is ``step_<N>/`` with ``manifest.json``, one ``rank_<r>.safetensors`` per rank (that
 rank's table shards, their optimizer state and its RNG state) and ``dense.safetensors`` (dense parameters and
 dense optimizer state, written once). The manifest is the only index: it records every table's global shape
-and every shard's rectangle, so a loader reads exactly the slices it needs. The format is documented in
-``docs/checkpoint-format.md``; bump ``FORMAT_VERSION`` on any incompatible change.
+and every shard's rectangle, so a loader reads exactly the slices it needs. ``data_position`` (optional; a
+training run's ``DataPosition``, see ``rectrain.datasets.windows``) says how much of the data the job had
+consumed. The format is documented in ``docs/checkpoint-format.md``; bump ``FORMAT_VERSION`` on any
+incompatible change (an optional new field is not one: older checkpoints simply lack it).
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class Manifest:
     dense_optimizer: Any = None
     rng: dict[str, dict[str, str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    data_position: dict[str, Any] | None = None
     created_unix: float = 0.0
     format_version: int = FORMAT_VERSION
 
@@ -172,6 +175,7 @@ class Manifest:
             dense_optimizer=data.get("dense_optimizer"),
             rng=_get(data, "rng", dict, where),
             extra=_get(data, "extra", dict, where),
+            data_position=_optional(data, "data_position", dict, where),
             created_unix=float(data.get("created_unix", 0.0)),
             format_version=version,
         )
@@ -184,6 +188,11 @@ def _get(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise CheckpointError(f"{where}: field {key!r} must be {kind.__name__}, got {value!r:.80}")
     return value
+
+
+def _optional(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    """``data[key]`` checked like ``_get``, or None when absent (a field newer than some checkpoints)."""
+    return _get(data, key, kind, where) if data.get(key) is not None else None
 
 
 def _shard(data: Any, where: str) -> ShardEntry:

@@ -7,9 +7,11 @@ The order of work (``save_checkpoint``; the asynchronous form runs step 3 in a b
 3. each rank writes ``rank_<r>.safetensors`` (rank 0 also ``dense.safetensors``), fsyncs and hashes it;
 4. all ranks gather their shard lists and checksums (any rank's write error is raised on every rank);
 5. rank 0 writes ``manifest.json``, renames the directory to ``step_<N>``, then points ``latest`` at it
-   (temp file + rename) and deletes all but the newest ``keep_last`` checkpoints; the others wait for it.
+   (temp file + rename) and deletes all but the ``keep_last`` most recently saved; the others wait for it.
 A process killed before step 5 finishes leaves only a ``.tmp_step_*`` directory, which the next save removes;
-``latest`` and the checkpoints it points at are never touched before the new one is complete.
+``latest`` and the checkpoints it points at are never touched before the new one is complete. Old
+checkpoints are renamed to a ``.tmp_`` name before they are deleted, so a kill during the clean-up leaves
+nothing that looks like a checkpoint (see ``retention``).
 """
 
 from __future__ import annotations
@@ -34,21 +36,19 @@ from rectrain.checkpoint.manifest import (
     LATEST,
     MANIFEST,
     PER_ELEMENT,
-    STEP_PREFIX,
     Manifest,
     dtype_name,
     rank_file,
     step_dir_name,
 )
 from rectrain.checkpoint.optimizer_state import dense_optimizers, flatten
+from rectrain.checkpoint.retention import TMP_PREFIX, prune
 from rectrain.checkpoint.sync import all_gather_object, barrier, broadcast_object, resolve_env
 from rectrain.distributed.env import ShardingEnv
 from rectrain.durable import write_text_atomic
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-TMP_PREFIX = ".tmp_"
 
 
 @dataclass
@@ -155,11 +155,13 @@ def _snapshot(
     extra: dict | None,
     env: ShardingEnv,
     copy: bool,
+    data_position: dict | None = None,
 ) -> _Snapshot:
     if not isinstance(step, int) or step < 0:
         raise ConfigError(f"step must be a non-negative int, got {step!r}")
     config = model_config.to_dict() if hasattr(model_config, "to_dict") else model_config
     _check_json("extra", extra or {})
+    _check_json("data_position", data_position)
     _check_json("model_config", config)
     tensors, tables = _table_snapshot(model, env.rank, copy)
     rng = _rng_snapshot(tensors)
@@ -178,6 +180,7 @@ def _snapshot(
             "dense_params": params,
             "dense_optimizer": optim,
             "extra": dict(extra or {}),
+            "data_position": data_position,
         }
     return snapshot
 
@@ -269,23 +272,6 @@ def commit(
     return Path(result["path"])
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (never the one ``latest`` names) and the
-    leftovers of interrupted saves."""
-    pointed = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
-    steps = []
-    for path in root.glob(f"{STEP_PREFIX}*"):
-        suffix = path.name[len(STEP_PREFIX) :]
-        if suffix.isdigit() and (path / MANIFEST).is_file():
-            steps.append((int(suffix), path))
-    steps.sort()
-    for _, path in steps[: max(0, len(steps) - keep_last)]:
-        if path.name != pointed:
-            shutil.rmtree(path, ignore_errors=True)
-    for path in root.glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _check_keep_last(keep_last: int) -> None:
     if not isinstance(keep_last, int) or keep_last < 1:
         raise ConfigError(f"keep_last must be an int >= 1, got {keep_last!r}")
@@ -301,16 +287,18 @@ def save_checkpoint(
     extra: dict | None = None,
     env: ShardingEnv | None = None,
     keep_last: int = 3,
+    data_position: dict | None = None,
 ) -> Path:
     """Save ``model`` (a DMP or a plain module) and ``optimizer`` as ``<dir>/step_<step>``.
 
     Collective: every rank calls it. ``optimizer`` may combine dense optimizers and fused embedding
-    optimizers (whose state is saved with the table shards). ``extra`` (JSON, e.g. the data-loader position)
-    and ``model_config`` (its ``to_dict()``) go into the manifest. Returns the step directory.
+    optimizers (whose state is saved with the table shards). ``extra`` (JSON), ``data_position`` (a
+    ``DataPosition.to_dict()``: how much data the job consumed) and ``model_config`` (its ``to_dict()``) go
+    into the manifest. Returns the step directory.
     """
     _check_keep_last(keep_last)
     root, env = Path(dir), resolve_env(model, env)
-    snapshot = _snapshot(root, model, optimizer, step, model_config, extra, env, copy=False)
+    snapshot = _snapshot(root, model, optimizer, step, model_config, extra, env, False, data_position)
     _prepare(snapshot, env)
     return commit(snapshot, _write(snapshot), env, root, keep_last)
 
@@ -353,11 +341,12 @@ def save_checkpoint_async(
     extra: dict | None = None,
     env: ShardingEnv | None = None,
     keep_last: int = 3,
+    data_position: dict | None = None,
 ) -> AsyncCheckpointSave:
     """Like :func:`save_checkpoint`, but returns once the state is copied to host memory; training may go on
     while a background thread writes. Call ``.wait()`` on every rank to publish it."""
     _check_keep_last(keep_last)
     root, env = Path(dir), resolve_env(model, env)
-    snapshot = _snapshot(root, model, optimizer, step, model_config, extra, env, copy=True)
+    snapshot = _snapshot(root, model, optimizer, step, model_config, extra, env, True, data_position)
     _prepare(snapshot, env)
     return AsyncCheckpointSave(snapshot, env, root, keep_last)

@@ -9,6 +9,7 @@ from torch import nn
 
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.model_parallel import DistributedModelParallel
+from rectrain.distributed.timeouts import collective
 
 
 def resolve_env(model: nn.Module, env: ShardingEnv | None) -> ShardingEnv:
@@ -28,7 +29,8 @@ def _distributed(env: ShardingEnv) -> bool:
 
 def barrier(env: ShardingEnv) -> None:
     if _distributed(env):
-        dist.barrier(group=env.pg)
+        with collective("barrier (checkpoint)", env.pg):
+            dist.barrier(group=env.pg)
 
 
 def all_gather_object(env: ShardingEnv, value: Any) -> list[Any]:
@@ -36,7 +38,8 @@ def all_gather_object(env: ShardingEnv, value: Any) -> list[Any]:
     if not _distributed(env):
         return [value]
     out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, value, group=env.pg)
+    with collective("all_gather_object (checkpoint)", env.pg):
+        dist.all_gather_object(out, value, group=env.pg)
     return out
 
 
@@ -45,5 +48,6 @@ def broadcast_object(env: ShardingEnv, value: Any) -> Any:
     if not _distributed(env):
         return value
     box = [value]
-    dist.broadcast_object_list(box, group=env.pg, group_src=0)
+    with collective("broadcast_object (checkpoint)", env.pg):
+        dist.broadcast_object_list(box, group=env.pg, group_src=0)
     return box[0]

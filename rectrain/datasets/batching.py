@@ -19,11 +19,13 @@ def make_batch(
     labels: Tensor,
 ) -> Batch:
     """A ``Batch`` whose KJT has, for each key in order, ``lengths[k]`` ([B]) and ``values[k]`` (int64)."""
-    kjt = KeyedJaggedTensor.from_lengths_sync(
+    # Data enters training here: check the assembled KJT (constructors do not), then cache its sizes.
+    kjt = KeyedJaggedTensor(
         keys=list(keys),
         values=torch.cat(list(values)) if values else torch.empty(0, dtype=torch.int64),
         lengths=torch.cat(list(lengths)) if lengths else torch.empty(0, dtype=torch.int32),
     )
+    kjt.validate().sync()
     return Batch(dense_features=dense, sparse_features=kjt, labels=labels)
 
 

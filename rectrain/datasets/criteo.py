@@ -21,8 +21,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
-from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.datasets.lines import text_windows
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, parse_int
+from rectrain.datasets.sharding import check_rank
+from rectrain.datasets.windows import BatchAt, Holdout
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -111,36 +113,61 @@ def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float],
 
 
 class CriteoDataset(IterableDataset):
-    """Batches of this rank's and DataLoader worker's share of the files (every k-th line of each file).
+    """Batches of this rank's and DataLoader worker's share of the files: its block of every global window
+    (see ``windows``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
 
-    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``. ``stats`` counts rows read and skipped in
-    this process. Ranks may end up with one batch more or fewer than each other (line counts differ by at
-    most one per file); set ``drop_last`` and equal-sized files when every rank must see the same count.
+    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: workers take turns by window, so the batches
+    are the same whatever ``N``. ``windows()`` also gives each batch's data position. ``stats`` counts rows
+    read and skipped in this process.
     """
 
-    def __init__(self, config: CriteoConfig, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        config: CriteoConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        start_row: int = 0,
+        select: Holdout | None = None,
+    ) -> None:
         check_rank(rank, world_size)
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.start_row, self.select = start_row, select
         self.stats = RowStats()
         self._rows = config.table_rows()
 
-    def _parse(self, line: str) -> tuple[int, list[float], list[int]]:
+    def _parse(self, line: str, path: str) -> tuple[int, list[float], list[int]]:
         return parse_criteo_line(line, self._rows)
 
-    def _rows_of_shard(self) -> Iterator[tuple[int, list[float], list[int]]]:
-        shard = current_shard(self.rank, self.world_size)
-        for path in self.config.paths:
-            yield from iter_rows(path, self._parse, shard, self.stats, strict=self.config.strict)
+    def windows(self) -> Iterator[BatchAt]:
+        """This reader's batch of each window it owns, with the row index after the window."""
+        cfg = self.config
+        for window in text_windows(
+            cfg.paths,
+            self._parse,
+            self.stats,
+            batch_size=cfg.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            start_row=self.start_row,
+            select=self.select,
+            drop_last=cfg.drop_last,
+            strict=cfg.strict,
+        ):
+            yield BatchAt(self._batch([row for _, row in window.rows]), window.end)
 
     def __iter__(self) -> Iterator[Batch]:
+        return (item.batch for item in self.windows())
+
+    def _batch(self, rows: list[tuple[int, list[float], list[int]]]) -> Batch:
         keys = self.config.cat_feature_names
-        for chunk in batched(self._rows_of_shard(), self.config.batch_size, self.config.drop_last):
-            labels, dense, ids = zip(*chunk)
-            values, lengths = one_id_per_example(keys, torch.tensor(ids, dtype=torch.int64))
-            yield make_batch(
-                dense=torch.tensor(dense, dtype=torch.float32),
-                keys=keys,
-                values=values,
-                lengths=lengths,
-                labels=torch.tensor(labels, dtype=torch.float32),
-            )
+        labels, dense, ids = zip(*rows) if rows else ((), (), ())
+        ids_tensor = torch.tensor(ids, dtype=torch.int64).reshape(len(rows), NUM_SPARSE)
+        values, lengths = one_id_per_example(keys, ids_tensor)
+        return make_batch(
+            dense=torch.tensor(dense, dtype=torch.float32).reshape(len(rows), NUM_DENSE),
+            keys=keys,
+            values=values,
+            lengths=lengths,
+            labels=torch.tensor(labels, dtype=torch.float32),
+        )

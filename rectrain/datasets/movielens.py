@@ -22,8 +22,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from rectrain.datasets.batching import make_batch, one_id_per_example
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, batched, iter_rows, parse_int
-from rectrain.datasets.sharding import check_rank, current_shard
+from rectrain.datasets.lines import text_windows
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowStats, parse_int
+from rectrain.datasets.sharding import check_rank
+from rectrain.datasets.windows import BatchAt, Holdout
 from rectrain.errors import ConfigError
 from rectrain.models.batch import Batch
 
@@ -89,38 +91,69 @@ def parse_rating_line(line: str, layout: str) -> tuple[int, int, float] | None:
     return user, movie, rating
 
 
+def _is_header(line: str, path: str) -> bool:
+    return _layout(path) == "csv" and line.strip() == CSV_HEADER
+
+
 def _parse_int(text: str, index: int) -> int:
     return parse_int(text, index + 1, _FIELDS[index], low=0)
 
 
 class MovieLensDataset(IterableDataset):
-    """Batches of this rank's and DataLoader worker's share of the ratings (every k-th line of each file).
-
-    ``stats`` counts rows read and skipped in this process. Ranks may differ by one batch (see Criteo).
+    """Batches of this rank's and DataLoader worker's share of the ratings (its block of every global window,
+    from ``start_row``, of the rows ``select`` keeps; see ``CriteoDataset``). ``stats`` counts rows read and
+    skipped in this process.
     """
 
-    def __init__(self, config: MovieLensConfig, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        config: MovieLensConfig,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        start_row: int = 0,
+        select: Holdout | None = None,
+    ) -> None:
         check_rank(rank, world_size)
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.start_row, self.select = start_row, select
         self.stats = RowStats()
 
-    def _rows_of_shard(self) -> Iterator[tuple[int, int, float]]:
-        shard = current_shard(self.rank, self.world_size)
-        for path in self.config.paths:
-            layout = _layout(path)
+    @staticmethod
+    def _parse(line: str, path: str) -> tuple[int, int, float] | None:
+        return parse_rating_line(line, _layout(path))
 
-            def parse(line: str, layout: str = layout) -> tuple[int, int, float] | None:
-                return parse_rating_line(line, layout)
-
-            yield from iter_rows(path, parse, shard, self.stats, strict=self.config.strict)
+    def windows(self) -> Iterator[BatchAt]:
+        """This reader's batch of each window it owns, with the row index after the window."""
+        cfg = self.config
+        for window in text_windows(
+            cfg.paths,
+            self._parse,
+            self.stats,
+            batch_size=cfg.batch_size,
+            rank=self.rank,
+            world_size=self.world_size,
+            start_row=self.start_row,
+            select=self.select,
+            drop_last=cfg.drop_last,
+            strict=cfg.strict,
+            is_header=_is_header,
+        ):
+            yield BatchAt(self._batch([row for _, row in window.rows]), window.end)
 
     def __iter__(self) -> Iterator[Batch]:
+        return (item.batch for item in self.windows())
+
+    def _batch(self, rows: list[tuple[int, int, float]]) -> Batch:
         cfg = self.config
-        for chunk in batched(self._rows_of_shard(), cfg.batch_size, cfg.drop_last):
-            users, movies, ratings = (torch.tensor(c) for c in zip(*chunk))
-            ids = torch.stack([users % cfg.num_user_embeddings, movies % cfg.num_movie_embeddings], dim=1)
-            values, lengths = one_id_per_example(FEATURE_NAMES, ids.to(torch.int64))
-            labels = ratings.to(torch.float32)
-            if cfg.task == "binary":
-                labels = (labels >= cfg.threshold).to(torch.float32)
-            yield make_batch(torch.zeros(len(chunk), 0), FEATURE_NAMES, values, lengths, labels)
+        users, movies, ratings = (
+            (torch.tensor(c) for c in zip(*rows))
+            if rows
+            else (torch.zeros(0, dtype=torch.int64),) * 2 + (torch.zeros(0),)
+        )
+        ids = torch.stack([users % cfg.num_user_embeddings, movies % cfg.num_movie_embeddings], dim=1)
+        values, lengths = one_id_per_example(FEATURE_NAMES, ids.to(torch.int64))
+        labels = ratings.to(torch.float32)
+        if cfg.task == "binary":
+            labels = (labels >= cfg.threshold).to(torch.float32)
+        return make_batch(torch.zeros(len(rows), 0), FEATURE_NAMES, values, lengths, labels)

@@ -1,11 +1,7 @@
-"""Streaming text rows of one shard, with the malformed-row policy shared by every file dataset.
+"""The pieces every file dataset shares: row errors, integer parsing, row counters, opening text files.
 
-``iter_rows`` opens a plain or gzip (``.gz``) file, streams it line by line (never loads it whole), keeps
-the lines this shard owns (every ``num_shards``-th line, counted from 0 over the whole file, header
-included) and hands each to a parser. A parser raises ``RowError(column, message)`` for a bad row; the
-policy then either raises ``MalformedRowError`` naming file, line (1-based) and column (``strict=True``) or
-logs a warning, counts the row in ``RowStats`` and skips it. Every reader still decompresses the whole file;
-that is the price of gzip, which cannot be split by byte range.
+A parser raises ``RowError(column, message)`` for a bad row; ``lines.RowParser`` applies the malformed-row
+policy (raise ``MalformedRowError`` naming file, line and column, or warn, count and skip).
 """
 
 from __future__ import annotations
@@ -15,17 +11,12 @@ import io
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
-from rectrain.datasets.sharding import ShardInfo
 from rectrain.errors import RecTrainError
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: Per file and reader, warnings for the first this many skipped rows; then one line that says so.
 MAX_WARNINGS_PER_FILE = 20
@@ -86,65 +77,25 @@ class RowStats:
         self.skipped_by_column[column] += 1
 
 
+class DataFileError(RecTrainError, FileNotFoundError):
+    """A data file is missing or is not a file; names it and the fix."""
+
+
+def check_data_file(path: str | Path, what: str = "data file") -> Path:
+    """``path`` if it is a readable file, else ``DataFileError`` naming it and what to do."""
+    path = Path(path)
+    if path.is_dir():
+        example = path / "part-0.tsv"
+        raise DataFileError(f"{what} {path} is a directory; list the files inside it (e.g. {example})")
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise DataFileError(f"{what} {path} does not exist{where}; fix the path")
+    return path
+
+
 def open_text(path: str | Path) -> io.TextIOBase:
     """Open ``path`` for text reading; ``.gz`` files are decompressed as they stream."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist or is not a file")
+    path = check_data_file(path)
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace", newline="")
     return open(path, encoding="utf-8", errors="replace", newline="")
-
-
-def iter_rows(
-    path: str | Path,
-    parse: Callable[[str], T | None],
-    shard: ShardInfo,
-    stats: RowStats,
-    *,
-    strict: bool = False,
-) -> Iterator[T]:
-    """Parsed rows of ``path`` owned by ``shard``; ``parse`` returns ``None`` for a row to pass over silently
-    (a header), raises ``RowError`` for a malformed one."""
-    warned = 0
-    with open_text(path) as f:
-        for index, line in enumerate(f):
-            if not shard.owns(index):
-                continue
-            try:
-                row = parse(line.rstrip("\r\n"))
-            except RowError as e:
-                if strict:
-                    raise MalformedRowError(str(path), index + 1, e.column, str(e)) from None
-                stats.skip(e.column)
-                warned += 1
-                if warned <= MAX_WARNINGS_PER_FILE:
-                    logger.warning("skipping %s:%d: column %s: %s", path, index + 1, e.column, e)
-                if warned == MAX_WARNINGS_PER_FILE:
-                    logger.warning("%s: further skipped rows are counted without a warning each", path)
-                continue
-            if row is not None:
-                stats.rows_read += 1
-                yield row
-    if stats.rows_skipped:
-        logger.info(
-            "%s (shard %d/%d): %d rows read, %d skipped so far (by column: %s)",
-            path,
-            shard.index,
-            shard.num_shards,
-            stats.rows_read,
-            stats.rows_skipped,
-            dict(stats.skipped_by_column),
-        )
-
-
-def batched(rows: Iterator[T], batch_size: int, drop_last: bool) -> Iterator[list[T]]:
-    """Group ``rows`` into lists of ``batch_size``; the last short list is kept unless ``drop_last``."""
-    chunk: list[T] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == batch_size:
-            yield chunk
-            chunk = []
-    if chunk and not drop_last:
-        yield chunk

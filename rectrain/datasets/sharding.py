@@ -1,9 +1,10 @@
-"""Which share of a data source this process reads: one shard per (rank, DataLoader worker).
+"""Which share of a rank's data a DataLoader worker reads, and the rank argument check.
 
-With ``world_size`` ranks each running ``num_workers`` DataLoader workers there are
-``world_size * num_workers`` readers; reader ``rank * num_workers + worker_id`` takes every
-``num_shards``-th item (line, batch index) starting at its own index, so the readers partition the source
-exactly and deterministically. Without DataLoader workers (``num_workers=0``) the worker is 0 of 1.
+A rank's data is split between its ``num_workers`` DataLoader workers by item: worker ``w`` takes items
+``w, w + num_workers, ...`` (windows of a file source, batch indices of synthetic data), and the DataLoader
+returns them in that round-robin order, so a rank's batches are the same whatever the number of workers.
+Without DataLoader workers (``num_workers=0``) the worker is 0 of 1. How ranks split a file source is the
+job of ``windows``.
 """
 
 from __future__ import annotations
@@ -33,14 +34,6 @@ def check_rank(rank: int, world_size: int) -> None:
         raise ConfigError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
-
-
-def current_shard(rank: int, world_size: int) -> ShardInfo:
-    """The shard of the calling process: its rank, and its DataLoader worker when inside one."""
-    check_rank(rank, world_size)
-    info = get_worker_info()
-    worker_id, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-    return ShardInfo(index=rank * num_workers + worker_id, num_shards=world_size * num_workers)
 
 
 def worker_shard(rank: int, world_size: int) -> ShardInfo:

@@ -3,7 +3,8 @@
 Every function works on gloo (CPU) and NCCL (CUDA) with the same code, differentiates through its
 communication (see ``comm_autograd`` for the adjoint pairs) and, with ``async_op=True``, returns a
 ``Pending`` whose ``wait()`` gives the result; otherwise the result itself. Split sizes are counted in rows
-(dim 0) unless the name says otherwise, and they may be zero.
+(dim 0) unless the name says otherwise, and they may be zero. A collective that times out or loses a peer
+raises ``CollectiveTimeoutError`` naming itself and the ranks that never reached it (see ``timeouts``).
 
   exchange_splits          tell every rank how much it will receive (run before a variable all-to-all)
   all_to_all_single        variable all-to-all along dim 0
@@ -30,6 +31,7 @@ from rectrain.distributed.comm_autograd import (
     comm_device,
 )
 from rectrain.distributed.pending import Pending
+from rectrain.distributed.timeouts import collective
 
 ProcessGroup = dist.ProcessGroup
 
@@ -63,7 +65,8 @@ def exchange_splits(
     send = torch.tensor(input_splits, dtype=torch.int64).reshape(num, world_size).t().contiguous()
     send = send.to(comm_device(group))
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
+    with collective("exchange_splits", group):
+        dist.all_to_all_single(recv, send, group=group)
     return recv.t().tolist()
 
 
@@ -91,7 +94,7 @@ def all_to_all_single(
     _check_splits("output_split_sizes", output_split_sizes, world_size, None, "")
     box = WorkBox()
     out = AllToAllSingle.apply(box, tensor, list(output_split_sizes), list(input_split_sizes), group)
-    return _result(Pending(box.work, lambda: out), async_op)
+    return _result(Pending(box.work, lambda: out, "all_to_all_single", group), async_op)
 
 
 def all_to_all_with_splits(
@@ -116,7 +119,7 @@ def all_to_all_with_splits(
         box = WorkBox()
         outs.append(AllToAllSingle.apply(box, tensor, out_splits, list(in_splits), group))
         boxes.append(box)
-    return _result(Pending([b.work for b in boxes], lambda: outs), async_op)
+    return _result(Pending([b.work for b in boxes], lambda: outs, "all_to_all_with_splits", group), async_op)
 
 
 def alltoall_pooled(
@@ -152,7 +155,7 @@ def alltoall_pooled(
         blocks = flat.split(output_splits)
         return torch.cat([blk.view(my_batch, d) for blk, d in zip(blocks, dim_sum_per_rank)], dim=1)
 
-    return _result(Pending(box.work, finish), async_op)
+    return _result(Pending(box.work, finish, "alltoall_pooled", group), async_op)
 
 
 def reduce_scatter_v_pooled(
@@ -172,14 +175,14 @@ def reduce_scatter_v_pooled(
     box = WorkBox()
     if len(set(input_splits)) == 1:
         out = ReduceScatterEven.apply(box, tensor, group)
-        return _result(Pending(box.work, lambda: out), async_op)
+        return _result(Pending(box.work, lambda: out, "reduce_scatter_v_pooled", group), async_op)
     mine = input_splits[rank]
     received = AllToAllSingle.apply(box, tensor, [mine] * world_size, list(input_splits), group)
 
     def finish() -> Tensor:
         return received.view(world_size, mine, *tensor.shape[1:]).sum(dim=0)
 
-    return _result(Pending(box.work, finish), async_op)
+    return _result(Pending(box.work, finish, "reduce_scatter_v_pooled", group), async_op)
 
 
 def all_gather_v(
@@ -208,18 +211,19 @@ def all_gather_v(
         padded = torch.cat([tensor, padding])
     gathered = AllGatherEven.apply(box, padded, group)
     if len(set(sizes)) == 1:
-        return _result(Pending(box.work, lambda: gathered), async_op)
+        return _result(Pending(box.work, lambda: gathered, "all_gather_v", group), async_op)
 
     def finish() -> Tensor:
         return torch.cat([gathered[r * longest : r * longest + n] for r, n in enumerate(sizes)])
 
-    return _result(Pending(box.work, finish), async_op)
+    return _result(Pending(box.work, finish, "all_gather_v", group), async_op)
 
 
 def _gather_sizes(rows: int, group: ProcessGroup | None) -> list[int]:
     device = comm_device(group)
     sizes = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_single(sizes, torch.tensor([rows], dtype=torch.int64, device=device), group)
+    with collective("all_gather_v (sizes)", group):
+        dist.all_gather_single(sizes, torch.tensor([rows], dtype=torch.int64, device=device), group)
     return sizes.tolist()
 
 
@@ -250,7 +254,7 @@ def all_reduce_coalesced(
                 t.detach().copy_(part.view_as(t))
         return list(tensors)
 
-    return _result(Pending(works, finish), async_op)
+    return _result(Pending(works, finish, "all_reduce_coalesced", group), async_op)
 
 
 def _buckets(tensors: Sequence[Tensor], cap_bytes: int) -> list[list[Tensor]]:

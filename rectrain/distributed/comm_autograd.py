@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd import Function
 
+from rectrain.distributed.timeouts import collective
+
 
 @dataclass
 class WorkBox:
@@ -52,7 +54,10 @@ class AllToAllSingle(Function):
     def backward(ctx, grad: Tensor):
         output_split_sizes, input_split_sizes = ctx.splits
         grad_in = grad.new_empty((sum(input_split_sizes), *grad.shape[1:]))
-        dist.all_to_all_single(grad_in, grad.contiguous(), input_split_sizes, output_split_sizes, ctx.group)
+        with collective("all_to_all_single (backward)", ctx.group):
+            dist.all_to_all_single(
+                grad_in, grad.contiguous(), input_split_sizes, output_split_sizes, ctx.group
+            )
         return None, grad_in, None, None, None
 
 
@@ -71,7 +76,8 @@ class AllGatherEven(Function):
     def backward(ctx, grad: Tensor):
         world_size = dist.get_world_size(ctx.group)
         grad_in = grad.new_empty((grad.shape[0] // world_size, *grad.shape[1:]))
-        dist.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
+        with collective("reduce_scatter (all_gather backward)", ctx.group):
+            dist.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
         return None, grad_in, None
 
 
@@ -93,7 +99,8 @@ class ReduceScatterEven(Function):
     def backward(ctx, grad: Tensor):
         world_size = dist.get_world_size(ctx.group)
         grad_in = grad.new_empty((world_size * grad.shape[0], *grad.shape[1:]))
-        dist.all_gather_single(grad_in, grad.contiguous(), ctx.group)
+        with collective("all_gather (reduce_scatter backward)", ctx.group):
+            dist.all_gather_single(grad_in, grad.contiguous(), ctx.group)
         return None, grad_in, None
 
 

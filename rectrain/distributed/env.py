@@ -13,11 +13,14 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
+from rectrain.distributed.lifeline import die_with_parent
+from rectrain.distributed.timeouts import DEFAULT_TIMEOUT, collective, new_group
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -84,11 +87,13 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_from_env(backend: str | None = None) -> ShardingEnv:
+def init_from_env(backend: str | None = None, timeout: timedelta | None = None) -> ShardingEnv:
     """Initialise the default process group from torchrun's environment variables and return this rank's env.
 
-    With NCCL the current CUDA device is set to LOCAL_RANK first. If the default group already exists it is
-    reused (its backend must match ``backend`` when one is given).
+    With NCCL the current CUDA device is set to LOCAL_RANK first. ``timeout`` (default
+    ``timeouts.DEFAULT_TIMEOUT``) bounds every collective: a rank that waits longer for a peer fails with an
+    error naming the peer. If the default group already exists it is reused (its backend must match
+    ``backend`` when one is given).
     """
     env = os.environ
     backend = backend or default_backend()
@@ -102,25 +107,48 @@ def init_from_env(backend: str | None = None) -> ShardingEnv:
             f"init_from_env needs the environment variables {', '.join(missing)}; launch with "
             "`torchrun --nproc-per-node N script.py` (or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
         )
+    warn_shared_store(env)
     world_size, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
     local_world_size = _env_int(env, "LOCAL_WORLD_SIZE", default=world_size)
     if backend == "nccl":
         torch.cuda.set_device(_env_int(env, "LOCAL_RANK", default=rank % local_world_size))
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout or DEFAULT_TIMEOUT)
     logger.info("rank %d/%d joined the %s process group", rank, world_size, backend)
     return ShardingEnv(world_size, rank, dist.group.WORLD, local_world_size)
 
 
+def warn_shared_store(env: Mapping[str, str]) -> None:
+    """Warn when torchrun restarts ranks into the rendezvous store of their previous attempt.
+
+    torchrun (torch 2.x) keeps one TCP store for every rendezvous round. A rank of a restarted group can then
+    read a peer's address from the failed attempt before the peer's new one replaces it, and its process
+    group fails with "Connection refused" (seen here in about half of multi-node restarts).
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment gives every round a fresh store.
+    """
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if restarts > 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        logger.warning(
+            "torchrun --max-restarts %d shares one rendezvous store between restarts, so a restarted rank "
+            "may connect to a peer of the failed attempt and fail; set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "in torchrun's environment",
+            restarts,
+        )
+
+
 @contextlib.contextmanager
-def torchrun_session(backend: str | None = None) -> Iterator[ShardingEnv]:
+def torchrun_session(backend: str | None = None, timeout: timedelta | None = None) -> Iterator[ShardingEnv]:
     """``init_from_env`` for the length of a ``with`` block, then an orderly teardown.
 
-    Every rank meets at a barrier and destroys the default group before the interpreter exits: a rank that
-    exits while its peers still talk to its gloo pairs or to the store it hosts can die in the C++ teardown
-    (``terminate called without an active exception``), which torchrun reports as a failed job.
+    Under torchrun the rank first arranges to die with its agent (``lifeline``), so that killing the agent
+    leaves no rank behind. Every rank meets at a barrier and destroys the default group before the
+    interpreter exits: a rank that exits while its peers still talk to its gloo pairs or to the store it
+    hosts can die in the C++ teardown (``terminate called without an active exception``), which torchrun
+    reports as a failed job.
     """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
     owns_group = not dist.is_initialized()
-    env = init_from_env(backend)
+    env = init_from_env(backend, timeout)
     failed = False
     try:
         yield env
@@ -130,7 +158,8 @@ def torchrun_session(backend: str | None = None) -> Iterator[ShardingEnv]:
     finally:
         if owns_group and dist.is_initialized():
             if not failed:  # a failed rank cannot count on its peers reaching the barrier
-                dist.barrier()
+                with collective("barrier (end of the job)"):
+                    dist.barrier()
             dist.destroy_process_group()
 
 
@@ -165,11 +194,11 @@ def intra_and_cross_node_pg(
     lws, num_nodes = env.local_world_size, env.num_nodes
     intra = cross = None
     for node in range(num_nodes):
-        group = dist.new_group(list(range(node * lws, (node + 1) * lws)), backend=backend)
+        group = new_group(range(node * lws, (node + 1) * lws), backend=backend)
         if node == env.node:
             intra = group
     for local_rank in range(lws):
-        group = dist.new_group(list(range(local_rank, env.world_size, lws)), backend=backend)
+        group = new_group(range(local_rank, env.world_size, lws), backend=backend)
         if local_rank == env.local_rank:
             cross = group
     assert intra is not None and cross is not None, "every rank belongs to one host and one cross group"

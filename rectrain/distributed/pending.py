@@ -14,6 +14,8 @@ from typing import Generic, TypeVar
 import torch
 import torch.distributed as dist
 
+from rectrain.distributed.timeouts import collective
+
 T = TypeVar("T")
 
 _NOT_READY = object()
@@ -29,6 +31,8 @@ class Pending(Generic[T]):
 
     work: dist.Work | Sequence[dist.Work] | None
     finish: Callable[[], T]
+    name: str = "collective"  # the collective and its group, named in the error when it times out
+    group: dist.ProcessGroup | None = None
     _result: object = field(default=_NOT_READY, init=False, repr=False)
 
     def wait(self) -> T:
@@ -37,7 +41,7 @@ class Pending(Generic[T]):
             works = [self.work] if isinstance(self.work, dist.Work) else list(self.work or ())
             # Some backends finish on the waiting thread by copying into the output (gloo's reduce-scatter
             # does); with grad mode on, autograd would record that copy and cut the collective's own backward.
-            with torch.no_grad():
+            with torch.no_grad(), collective(self.name, self.group):
                 for work in works:
                     work.wait()
             self._result = self.finish()

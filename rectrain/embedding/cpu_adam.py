@@ -1,20 +1,23 @@
 """Adam fused into backward for FBGEMM TBEs on CPU, where FBGEMM 1.8.0 has no Adam kernel.
 
 ``CpuAdamLookup`` wraps a TBE in a ``torch.autograd.Function``: forward runs FBGEMM's CPU lookup kernel, and
-backward turns the output gradient into per-row gradients and applies ``torch.optim.SparseAdam``'s update to
-the TBE's own weight storage (``rectrain.embedding.sparse_adam``). No embedding gradient is returned, so the
-update costs only the rows the batch read, as with FBGEMM's fused optimizers.
+backward applies ``torch.optim.SparseAdam``'s update to the rows the batch read, in the TBE's own weight
+storage: with the compiled fused backward (``rectrain.embedding.cpu_kernel``) where numba is importable, else
+with torch ops (``rectrain.embedding.sparse_adam``). No embedding gradient is returned, so the update costs
+only the rows the batch read, as with FBGEMM's fused optimizers.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor
 
-from rectrain.embedding.config import FusedOptimizerConfig
+from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
+from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
 from rectrain.embedding.sparse_adam import SparseAdamState, TBELayout, sparse_adam_update_, tbe_row_gradients
 
 
@@ -79,6 +82,12 @@ class CpuAdamLookup:
         self.weight_decay = config.weight_decay
         # Autograd only calls backward for functions with an input that requires grad.
         self._placeholder = torch.zeros(0, requires_grad=True)
+        pooling = PoolingType[tbe.pooling_mode.name]
+        self._compiled = (
+            CompiledBackward(self.layout, EmbOptimType.ADAM, pooling, self.layout.weights_offsets)
+            if compiled_ready()
+            else None
+        )
 
     def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
         return _AdamLookupFunction.apply(self._placeholder, self, indices, offsets, per_sample_weights)
@@ -87,6 +96,9 @@ class CpuAdamLookup:
         self, grad_output: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None
     ) -> None:
         """Update the rows ``indices`` read, given the gradient of the lookup's output."""
+        if self._compiled is not None:
+            self._compiled_update((grad_output, indices, offsets, per_sample_weights))
+            return
         row_grads = tbe_row_gradients(
             grad_output.contiguous(), indices, offsets, self.layout, self.tbe.pooling_mode, per_sample_weights
         )
@@ -101,6 +113,19 @@ class CpuAdamLookup:
             weight_decay=self.weight_decay,
             step_untouched_tables=True,
         )
+
+    @torch.no_grad()
+    def _compiled_update(self, inputs: tuple[Tensor, Tensor, Tensor, Tensor | None]) -> None:
+        """The same update, compiled; every table's step advances (``step_untouched_tables``)."""
+        self.state.step.add_(1)
+        beta1, beta2 = self.betas
+        step_sizes = [
+            self.lr * math.sqrt(1 - beta2**step) / (1 - beta1**step) for step in self.state.step.tolist()
+        ]
+        hyper = (self.lr, self.eps, 1 - beta1, 1 - beta2, self.weight_decay)
+        states = [self.state.exp_avg, self.state.exp_avg_sq]
+        assert self._compiled is not None
+        self._compiled.run(inputs, self.tbe.weights_host, states, hyper, step_sizes)
 
     def table_states(self) -> list[dict[str, Tensor]]:
         """Per table: ``exp_avg``, ``exp_avg_sq`` as ``[rows, dim]`` views; ``step`` as a 1-element view."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from rectrain.embedding import pt2_lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -137,18 +138,46 @@ class EmbeddingBagCollection(nn.Module):
         self.embedding_bags.reset_parameters()
 
     def forward(self, features: KJTLike) -> KeyedTensor:
-        """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name."""
-        inputs = self._router.route(features, weighted=self._is_weighted)
-        outputs = []
-        for batch, item, spans in zip(self.embedding_bags.batches, inputs, self._mean_spans):
-            pooled = batch(item.indices, item.offsets, item.per_sample_weights)
-            if spans:
-                lengths = item.offsets.diff().view(-1, item.batch_size)
-                pooled = divide_by_bag_lengths(pooled, lengths, spans)
-            outputs.append(pooled)
-        values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        if self._columns is not None:
-            values = values.index_select(1, self._columns)
+        """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name.
+
+        ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
+        it in plain PyTorch ops (``pt2_lookup``).
+        """
+        if torch.compiler.is_compiling():
+            values = pt2_lookup.pooled(
+                self.embedding_bags, self._embedding_bag_configs, features, self._is_weighted
+            )
+        else:
+            values = _pooled_values(
+                self.embedding_bags,
+                self._router,
+                features,
+                self._is_weighted,
+                self._mean_spans,
+                self._columns,
+            )
         return KeyedTensor(
             keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
         )
+
+
+@torch.fx.wrap
+def _pooled_values(
+    tables: FusedTables,
+    router: FeatureRouter,
+    features: KJTLike,
+    weighted: bool,
+    mean_spans: list[list[tuple[int, int, int]]],
+    columns: Tensor | None,
+) -> Tensor:
+    """``[batch, sum of dims]`` pooled through the FBGEMM TBEs, columns in table order."""
+    inputs = router.route(features, weighted=weighted)
+    outputs = []
+    for batch, item, spans in zip(tables.batches, inputs, mean_spans):
+        pooled = batch(item.indices, item.offsets, item.per_sample_weights)
+        if spans:
+            lengths = item.offsets.diff().view(-1, item.batch_size)
+            pooled = divide_by_bag_lengths(pooled, lengths, spans)
+        outputs.append(pooled)
+    values = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return values if columns is None else values.index_select(1, columns)

@@ -12,6 +12,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 
+from rectrain.embedding import pt2_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -103,20 +104,51 @@ class EmbeddingCollection(nn.Module):
         self.embeddings.reset_parameters()
 
     def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
-        """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``."""
-        inputs = self._router.route(features, weighted=False)
-        out: dict[str, JaggedTensor] = {}
-        for batch, item, names in zip(self.embeddings.batches, inputs, self._group_names):
-            rows = batch(item.indices, item.offsets)
-            lengths = item.offsets.diff()
-            per_feature_lengths = (
-                lengths.split(item.batch_size) if item.batch_size else [lengths] * len(names)
+        """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``.
+
+        ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
+        it in plain PyTorch ops (``pt2_lookup``).
+        """
+        if torch.compiler.is_compiling():
+            return pt2_lookup.sequence(
+                self.embeddings,
+                self._embedding_configs,
+                self.embedding_names_by_table(),
+                features,
+                self._need_indices,
             )
-            per_feature_rows = rows.split(item.values_per_feature)
-            per_feature_ids = item.indices.split(item.values_per_feature)
-            for name, values, feature_lengths, ids in zip(
-                names, per_feature_rows, per_feature_lengths, per_feature_ids
-            ):
-                weights = ids if self._need_indices else None
-                out[name] = JaggedTensor(values=values, weights=weights, lengths=feature_lengths)
-        return {name: out[name] for name in self._embedding_names}
+        return _sequence_embeddings(
+            self.embeddings,
+            self._router,
+            features,
+            self._group_names,
+            self._embedding_names,
+            self._need_indices,
+        )
+
+
+@torch.fx.wrap
+def _sequence_embeddings(
+    tables: FusedTables,
+    router: FeatureRouter,
+    features: KJTLike,
+    group_names: list[list[str]],
+    embedding_names: list[str],
+    need_indices: bool,
+) -> dict[str, JaggedTensor]:
+    """``{embedding name: JaggedTensor}`` looked up through the FBGEMM TBEs."""
+    inputs = router.route(features, weighted=False)
+    out: dict[str, JaggedTensor] = {}
+    for batch, item, names in zip(tables.batches, inputs, group_names):
+        rows = batch(item.indices, item.offsets)
+        lengths = item.offsets.diff()
+        per_feature_lengths = lengths.split(item.batch_size) if item.batch_size else [lengths] * len(names)
+        per_feature_rows = rows.split(item.values_per_feature)
+        per_feature_ids = item.indices.split(item.values_per_feature)
+        for name, values, feature_lengths, ids in zip(
+            names, per_feature_rows, per_feature_lengths, per_feature_ids
+        ):
+            out[name] = JaggedTensor(
+                values=values, weights=ids if need_indices else None, lengths=feature_lengths
+            )
+    return {name: out[name] for name in embedding_names}

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class KJTLike(Protocol):
@@ -50,18 +50,20 @@ def feature_positions(keys: Sequence[str], features: Sequence[str]) -> list[int]
     return [position[name] for name in features]
 
 
-class FeatureRouter:
+class FeatureRouter(nn.Module):
     """Splits a KJT into per-group TBE inputs.
 
     The KJT is permuted once into the order of the distinct features; a group whose features form a
     contiguous run of that order is a slice of it (no copy), other groups (a feature read by tables in two
-    groups, or twice by one group) gather their features' segments.
+    groups, or twice by one group) gather their features' segments. A module (without parameters) so that
+    a collection's ``torch.fx`` graph can reach it (``get_attr``) when it calls the lookup as one leaf.
 
     Args:
         group_features: for each TBE, the feature names it reads, in its feature order.
     """
 
     def __init__(self, group_features: Sequence[Sequence[str]]) -> None:
+        super().__init__()
         self.group_features = [list(features) for features in group_features]
         self.features = list(dict.fromkeys(name for features in self.group_features for name in features))
         position = {name: index for index, name in enumerate(self.features)}

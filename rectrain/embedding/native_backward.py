@@ -1,21 +1,26 @@
-"""A CPU fused backward of our own for FBGEMM TBEs: SGD, Adagrad and row-wise Adagrad with torch ops.
+"""Our CPU fused embedding backward for FBGEMM TBEs (SGD, Adagrad, row-wise Adagrad), and which kernel runs.
 
 FBGEMM 1.8.0's CPU backward converts each table's CSR input to CSC one table after another before its
-update kernel; where FBGEMM has no AVX-512 code that conversion dominates the step (bench/embedding_bag.py).
-This backward does the same update with parallel ATen ops and no ``[num ids, dim]`` intermediate:
-
-1. per table, sort the ids the batch read (``torch.sort``) and segment them (``unique_consecutive``);
-2. sum each unique row's gradient with ``embedding_bag`` over the output gradient: the "embedding table" is
-   the table's ``[features * batch, dim]`` block of ``grad_output``, each unique row a bag of the (sample,
-   feature) positions that read it, with the pooling scale (per-sample weight, 1/length for MEAN) as the
-   per-sample weight — ATen's parallel, vectorised pooling kernel does the reduction;
-3. apply the optimizer to exactly those rows of the TBE's own weight and state storage, in place.
+update kernel; on a 2-core AVX2 EPYC that serial part was 105 ms of a 116 ms step (issue 13). Ours, compiled
+with numba (``rectrain.embedding.cpu_kernel``), links each row's positions, reduces them and updates the row
+in one pass, tables (or row parts of a table) spread over all threads. Where numba cannot be imported the
+same update runs with torch ops (``rectrain.embedding.torch_ops_backward``), which is slower than FBGEMM.
 
 The math is FBGEMM's (``split_embedding_backward_codegen_*_cpu``): exact (coalesced) SGD, element-wise
-Adagrad ``m += g*g; w -= lr * g / (sqrt(m) + eps)``, row-wise Adagrad with ``m += mean(g*g)``; with
-per-sample weights FBGEMM scales by the weight alone (also under MEAN), and so does this. Weight decay is
-left to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's buffers, so checkpoints
-and kernels are interchangeable: either backward may continue a run the other started.
+Adagrad ``m += g*g; w -= lr * g / (sqrt(m) + eps)``, row-wise Adagrad with ``m += mean(g*g)``. One
+difference: under weighted MEAN pooling FBGEMM 1.8.0's CPU backward scales ids by their weight alone, while
+its forward divides by the bag length; ours uses the true gradient, weight / length (the collections run
+weighted MEAN tables as SUM and divide afterwards, so only direct TBE users see this). Weight decay is left
+to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's own buffers, so
+checkpoints and kernels are interchangeable: either backward may continue a run the other started.
+
+Which kernel runs (``FusedOptimizerConfig.cpu_backward``, or ``RECTRAIN_CPU_BACKWARD`` for ``auto``):
+``auto`` keeps FBGEMM where it has AVX-512 code and takes the compiled kernel elsewhere (where it compiles;
+FBGEMM otherwise). Measured on a 2-core AVX-512 Xeon: one thread of ours costs 1.4-1.6x the CPU time of
+FBGEMM's AVX-512 backward, so there ours is not reliably faster (it is at 2 threads on a loaded machine,
+where FBGEMM's OpenMP barriers stall); without AVX-512 FBGEMM's backward can be several times slower
+(issue 13: 105 ms on an AVX2 EPYC, serial CSR->CSC), where ours does not depend on FBGEMM's ISA. A fixed
+rule rather than a timing calibration: a run's kernel, and so its bits, must not depend on machine noise.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
@@ -31,7 +36,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBat
 from torch import Tensor
 
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
-from rectrain.embedding.sparse_adam import TBELayout
+from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
+from rectrain.embedding.torch_ops_backward import torch_ops_update_
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -50,22 +56,28 @@ def cpu_has_avx512() -> bool:
     return " avx512f " in f" {flags.split(':', 1)[-1].strip()} " and not limited
 
 
-@functools.cache
-def _auto_choice() -> str:
-    """The kernel "auto" picks here, logged once per process.
-
-    Measured side by side (bench/embedding_bag.py): on AVX-512 FBGEMM's fused backward is faster than the
-    torch-ops backward (it makes one pass over the touched rows, the ops several), so FBGEMM stays; without
-    AVX-512 FBGEMM's backward falls back to scalar CSR->CSC code and the native one is used.
-    """
+def auto_choice() -> str:
+    """The kernel ``auto`` picks in this process (``RECTRAIN_CPU_BACKWARD`` may force one)."""
     forced = os.environ.get(ENV_VAR, "auto").lower()
     if forced not in ("auto", "fbgemm", "native"):
         raise ConfigError(f"{ENV_VAR} must be auto, fbgemm or native; got {forced!r}")
-    choice = forced if forced != "auto" else ("fbgemm" if cpu_has_avx512() else "native")
+    if forced != "auto":
+        return forced
+    return "native" if not cpu_has_avx512() and compiled_ready() else "fbgemm"
+
+
+@functools.cache
+def _log_choice(choice: str, forced: str) -> None:
+    compiled = compiled_ready()
     logger.info(
-        "CPU fused embedding backward: %s (%s=%s, AVX-512: %s)", choice, ENV_VAR, forced, cpu_has_avx512()
+        "CPU fused embedding backward: %s (%s; %s=%s; compiled kernel %s; FBGEMM ISA %s)",
+        choice,
+        "chosen" if forced == "auto" else "forced",
+        ENV_VAR,
+        os.environ.get(ENV_VAR, "auto"),
+        "available" if compiled else "unavailable (numba missing or failed; see earlier warning)",
+        "AVX-512" if cpu_has_avx512() else "AVX2 or older",
     )
-    return choice
 
 
 def use_native_backward(config: FusedOptimizerConfig, device: torch.device, precision: SparseType) -> bool:
@@ -76,198 +88,9 @@ def use_native_backward(config: FusedOptimizerConfig, device: torch.device, prec
         # FBGEMM's CPU SGD and Adagrad ignore weight decay and its row-wise Adagrad applies its own variant;
         # staying on FBGEMM keeps both kernels' results interchangeable.
         return False
-    choice = config.cpu_backward if config.cpu_backward != "auto" else _auto_choice()
+    choice = config.cpu_backward if config.cpu_backward != "auto" else auto_choice()
+    _log_choice(choice, config.cpu_backward)
     return choice == "native"
-
-
-class RowGrads(NamedTuple):
-    """The unique rows (local ids, sorted) of one table a batch read and their summed gradients."""
-
-    rows: Tensor
-    grads: Tensor
-
-
-def _feature_scales(
-    offsets: Tensor, lo_bag: int, batch: int, pooling: PoolingType, weights: Tensor | None, lo: int, hi: int
-) -> Tensor | None:
-    """Per id of one feature, the factor its bag's gradient is scaled by (None: all ones)."""
-    # FBGEMM's CPU kernels weight ids by per-sample weights alone, also under MEAN pooling.
-    if weights is not None:
-        return weights[lo:hi].float()
-    if pooling is not PoolingType.MEAN:
-        return None
-    lengths = offsets[lo_bag : lo_bag + batch + 1].diff()
-    inv = lengths.clamp(min=1).float().reciprocal()
-    return torch.repeat_interleave(inv, lengths, output_size=hi - lo)
-
-
-def table_row_grads(
-    grad_output: Tensor,
-    indices: Tensor,
-    offsets: Tensor,
-    layout: TBELayout,
-    pooling: PoolingType,
-    per_sample_weights: Tensor | None,
-) -> list[RowGrads | None]:
-    """Per table, the unique rows read and their gradients summed over repeats (None: table not read).
-
-    ``grad_output`` is ``[B, total_D]`` (pooled) or ``[num ids, D]`` (sequence, ``PoolingType.NONE``).
-    """
-    num_features = layout.num_features
-    batch = (offsets.numel() - 1) // num_features
-    bounds = offsets[::batch].tolist() if batch else [0] * (num_features + 1)
-    result: list[RowGrads | None] = []
-    for table in range(layout.num_tables):
-        features = [f for f, t in enumerate(layout.feature_table_map) if t == table]
-        features = [f for f in features if bounds[f + 1] > bounds[f]]
-        if not features:
-            result.append(None)
-            continue
-        result.append(
-            _one_table(grad_output, indices, offsets, layout, pooling, per_sample_weights, features)
-        )
-    return result
-
-
-def _one_table(
-    grad_output: Tensor,
-    indices: Tensor,
-    offsets: Tensor,
-    layout: TBELayout,
-    pooling: PoolingType,
-    per_sample_weights: Tensor | None,
-    features: list[int],
-) -> RowGrads:
-    num_features = layout.num_features
-    batch = (offsets.numel() - 1) // num_features
-    bounds = offsets[::batch].tolist()
-    ids, sources, scales, blocks = [], [], [], []
-    for k, f in enumerate(features):
-        lo, hi = bounds[f], bounds[f + 1]
-        ids.append(indices[lo:hi])
-        if pooling is PoolingType.NONE:
-            blocks.append(grad_output[lo:hi])
-            sources.append(torch.arange(hi - lo) + sum(b.shape[0] for b in blocks[:-1]))
-            scales.append(None)
-            continue
-        col, dim = layout.D_offsets[f], layout.feature_dims[f]
-        blocks.append(grad_output[:, col : col + dim])
-        lengths = offsets[f * batch : (f + 1) * batch + 1].diff()
-        sources.append(
-            torch.repeat_interleave(torch.arange(k * batch, (k + 1) * batch), lengths, output_size=hi - lo)
-        )
-        scales.append(_feature_scales(offsets, f * batch, batch, pooling, per_sample_weights, lo, hi))
-    source_table = blocks[0].contiguous() if len(blocks) == 1 else torch.cat(blocks)
-    all_ids = ids[0] if len(ids) == 1 else torch.cat(ids)
-    source = sources[0] if len(sources) == 1 else torch.cat(sources)
-    scale = _cat_scales(scales, [i.numel() for i in ids])
-    sorted_ids, order = torch.sort(all_ids.long())
-    rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    bag_offsets = torch.zeros(rows.numel(), dtype=torch.int64)
-    torch.cumsum(counts[:-1], 0, out=bag_offsets[1:])
-    grads = torch.nn.functional.embedding_bag(
-        source.index_select(0, order),
-        source_table,
-        bag_offsets,
-        mode="sum",
-        per_sample_weights=None if scale is None else scale.index_select(0, order),
-    )
-    return RowGrads(rows, grads)
-
-
-def uniform_dim(layout: TBELayout) -> int | None:
-    """The dim every table shares if the TBE's tables can be addressed as one ``[total rows, dim]`` block."""
-    dims = set(layout.table_dims)
-    if len(dims) != 1:
-        return None
-    dim = dims.pop()
-    starts = [0]
-    for rows in layout.table_rows[:-1]:
-        starts.append(starts[-1] + rows * dim)
-    return dim if tuple(starts) == layout.weights_offsets else None
-
-
-def batched_row_grads(
-    grad_output: Tensor,
-    indices: Tensor,
-    offsets: Tensor,
-    layout: TBELayout,
-    pooling: PoolingType,
-    per_sample_weights: Tensor | None,
-) -> RowGrads:
-    """All tables at once (they share one dim): unique *global* rows (table start row + id) and gradients.
-
-    One sort, one segmented reduction and later one update over every table keep each op large enough to
-    run on all threads, instead of a loop of small per-table ops.
-    """
-    num_features = layout.num_features
-    batch = (offsets.numel() - 1) // num_features
-    num_ids = indices.numel()
-    dim = layout.table_dims[0]
-    row_starts = torch.tensor([0, *layout.table_rows], dtype=torch.int64).cumsum(0)[:-1]
-    feature_start = row_starts[torch.tensor(layout.feature_table_map, dtype=torch.int64)]
-    lengths = offsets.diff()
-    bag = torch.repeat_interleave(torch.arange(num_features * batch), lengths, output_size=num_ids)
-    feature = bag.div(batch, rounding_mode="floor") if batch else bag
-    keys = indices.long() + feature_start.index_select(0, feature)
-    scale: Tensor | None = None
-    if pooling is PoolingType.NONE:
-        source, source_table = torch.arange(num_ids), grad_output
-    else:
-        # Pooled output [B, F * D] viewed as [B * F, D]: sample b's block of feature f is row b * F + f.
-        source = (bag - feature * batch).mul_(num_features).add_(feature)
-        source_table = grad_output.reshape(batch * num_features, dim)
-        if per_sample_weights is not None:
-            scale = per_sample_weights.float()
-        elif pooling is PoolingType.MEAN:
-            scale = lengths.clamp(min=1).float().reciprocal().index_select(0, bag)
-    sorted_keys, order = torch.sort(keys)
-    rows, counts = torch.unique_consecutive(sorted_keys, return_counts=True)
-    bag_offsets = torch.zeros(rows.numel(), dtype=torch.int64)
-    torch.cumsum(counts[:-1], 0, out=bag_offsets[1:])
-    grads = torch.nn.functional.embedding_bag(
-        source.index_select(0, order),
-        source_table,
-        bag_offsets,
-        mode="sum",
-        per_sample_weights=None if scale is None else scale.index_select(0, order),
-    )
-    return RowGrads(rows, grads)
-
-
-def _cat_scales(scales: list[Tensor | None], sizes: list[int]) -> Tensor | None:
-    if all(s is None for s in scales):
-        return None
-    return torch.cat([torch.ones(n) if s is None else s for s, n in zip(scales, sizes)])
-
-
-@torch.no_grad()
-def apply_update_(
-    optimizer: EmbOptimType,
-    weights: Tensor,
-    state: Tensor | None,
-    rows: Tensor,
-    grads: Tensor,
-    lr: float,
-    eps: float,
-) -> None:
-    """FBGEMM's fused update of ``rows`` (unique) of one table's ``[rows, dim]`` weight and state views."""
-    # Rows are unique, so gather-update-scatter (index_copy_) equals index_add_ and is several times faster.
-    current = weights.index_select(0, rows)
-    if optimizer is EmbOptimType.SGD:
-        weights.index_copy_(0, rows, current.add_(grads, alpha=-lr))
-        return
-    assert state is not None
-    if optimizer is EmbOptimType.ROWWISE_ADAGRAD:
-        mean_square = torch.linalg.vector_norm(grads, dim=1).square_().div_(grads.shape[1])
-        moment = state.index_select(0, rows).view(-1).add_(mean_square)
-        state.index_copy_(0, rows, moment.view(-1, 1))
-        step = moment.sqrt_().add_(eps).reciprocal_().mul_(-lr).unsqueeze(1)
-    else:
-        moment = state.index_select(0, rows).addcmul_(grads, grads)
-        state.index_copy_(0, rows, moment)
-        step = moment.sqrt_().add_(eps).reciprocal_().mul_(-lr)
-    weights.index_copy_(0, rows, current.add_(grads.mul_(step)))
 
 
 class _NativeLookupFunction(torch.autograd.Function):
@@ -295,8 +118,8 @@ class _NativeLookupFunction(torch.autograd.Function):
 
 
 class NativeFusedLookup:
-    """A CPU TBE's lookup whose backward runs :func:`table_row_grads` and :func:`apply_update_` instead of
-    FBGEMM's backward, on the TBE's own weights, state (``momentum1``) and learning rate.
+    """A CPU TBE's lookup whose backward is ours (compiled, else torch ops) instead of FBGEMM's, on the TBE's
+    own weights, state (``momentum1``) and learning rate.
 
     Args:
         tbe: a CPU TBE with fp32 weights, built with the optimizer ``config`` names (its state buffers are
@@ -312,55 +135,33 @@ class NativeFusedLookup:
         self.optimizer = config.optimizer
         self.pooling = PoolingType[tbe.pooling_mode.name]
         self.eps = config.eps
-        self._dim = uniform_dim(self.layout)
         self._placeholder = torch.zeros(0, requires_grad=True)
+        self._compiled = (
+            CompiledBackward(self.layout, self.optimizer, self.pooling, self._state_offsets())
+            if compiled_ready()
+            else None
+        )
 
     def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
         return _NativeLookupFunction.apply(self._placeholder, self, indices, offsets, per_sample_weights)
 
-    def _states(self) -> list[Tensor | None]:
+    def _state_offsets(self) -> list[int]:
+        """Where each table's state starts in ``momentum1_host`` (floats; rows for row-wise Adagrad)."""
         if self.optimizer is EmbOptimType.SGD:
-            return [None] * self.layout.num_tables
-        states = [per_table[0] for per_table in self.tbe.split_optimizer_states()]
-        return [s.view(s.shape[0], -1) for s in states]
+            return [0] * self.layout.num_tables
+        base = self.tbe.momentum1_host.storage_offset()
+        return [per_table[0].storage_offset() - base for per_table in self.tbe.split_optimizer_states()]
 
+    @torch.no_grad()
     def apply_gradient(
         self, grad_output: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None
     ) -> None:
         """Update the rows ``indices`` read, given the gradient of the lookup's output."""
-        lr = self.tbe.get_learning_rate()
-        grad_output = grad_output.float()
-        if self._dim is not None:
-            rows, grads = batched_row_grads(
-                grad_output, indices, offsets, self.layout, self.pooling, per_sample_weights
-            )
-            if rows.numel():
-                state = self._flat_state()
-                weights = self.tbe.weights_host.view(-1, self._dim)
-                apply_update_(self.optimizer, weights, state, rows, grads, lr, self.eps)
+        if self._compiled is None:
+            inputs = (grad_output, indices, offsets, per_sample_weights)
+            torch_ops_update_(self.tbe, self.layout, self.optimizer, self.pooling, self.eps, inputs)
             return
-        per_table = table_row_grads(
-            grad_output, indices, offsets, self.layout, self.pooling, per_sample_weights
-        )
-        states = self._states()
-        for table, row_grads in enumerate(per_table):
-            if row_grads is None:
-                continue
-            apply_update_(
-                self.optimizer,
-                self.layout.table_view(self.tbe.weights_host, table),
-                states[table],
-                row_grads.rows,
-                row_grads.grads,
-                lr,
-                self.eps,
-            )
-
-    def _flat_state(self) -> Tensor | None:
-        """The TBE's state as one ``[total rows, 1 or dim]`` block (FBGEMM packs it table after table)."""
-        if self.optimizer is EmbOptimType.SGD:
-            return None
-        state = self.tbe.momentum1_host
-        return (
-            state.view(-1, 1) if self.optimizer is EmbOptimType.ROWWISE_ADAGRAD else state.view(-1, self._dim)
-        )
+        states = [] if self.optimizer is EmbOptimType.SGD else [self.tbe.momentum1_host]
+        hyper = (self.tbe.get_learning_rate(), self.eps, 0.0, 0.0, 0.0)
+        inputs = (grad_output, indices, offsets, per_sample_weights)
+        self._compiled.run(inputs, self.tbe.weights_host, states, hyper)

@@ -86,9 +86,11 @@ def _aggregate(sums: Tensor, examples: Tensor, pg: dist.ProcessGroup | None) -> 
     """All-reduce the running sums and all-gather the AUC examples (rank order) over ``pg``."""
     from rectrain.distributed.comm import all_gather_v
     from rectrain.distributed.comm_autograd import comm_device
+    from rectrain.distributed.timeouts import collective
 
     device = comm_device(pg)
     sums = sums.to(device)
-    dist.all_reduce(sums, group=pg)
+    with collective("all_reduce (metrics)", pg):
+        dist.all_reduce(sums, group=pg)
     gathered = all_gather_v(examples.to(device), group=pg)
     return sums.cpu(), gathered.cpu()

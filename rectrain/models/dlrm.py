@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.layout import get_embedding_names_by_table
@@ -55,7 +56,8 @@ class SparseArch(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> Tensor:
         pooled: KeyedTensor = self.embedding_bag_collection(features)
-        if pooled.keys() == self._sparse_feature_names:
+        # While torch.fx traces, ``pooled`` is a proxy whose keys cannot be compared: take the general path.
+        if not is_fx_symbolic_tracing() and pooled.keys() == self._sparse_feature_names:
             values = pooled.values()  # already in feature order: no copy
         else:
             by_name = pooled.to_dict()

@@ -104,7 +104,7 @@ class EmbeddingShardingPlanner:
         options = [self._drop_oversized(opts) for opts in options]
         placement = self._search(options)
         plan = _to_plan(placement, tables, self._topology)
-        logger.info("sharding plan (score %s):\n%s", placement.score, plan.report())
+        logger.debug("sharding plan (score %s):\n%s", placement.score, plan.report())
         return plan
 
     def collective_plan(
@@ -126,7 +126,10 @@ class EmbeddingShardingPlanner:
                 payload[0] = self.plan(module_or_tables, sharders).to_json()
             except (PlannerError, ConfigError) as e:
                 payload[0] = json.dumps({"error": f"{type(e).__name__}: {e}"})
-        dist.broadcast_object_list(payload, group=pg, group_src=0)
+        from rectrain.distributed.timeouts import collective
+
+        with collective("broadcast (sharding plan)", pg):
+            dist.broadcast_object_list(payload, group=pg, group_src=0)
         data = json.loads(payload[0])
         if "error" in data:
             raise PlannerError(f"planning failed on rank 0: {data['error']}")

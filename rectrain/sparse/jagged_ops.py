@@ -1,62 +1,64 @@
-"""Tensor-level kernels shared by the sparse types, written on FBGEMM operators (no Python loop over rows).
+"""Tensor kernels the sparse types share, on FBGEMM operators (no Python loop over rows).
 
-The types in this package keep the bookkeeping (keys, strides, caches); the functions here only move
-tensors, so they run unchanged on CPU and CUDA and never synchronise with the host.
+Every function here is TorchScript-compatible (the sparse types are ``torch.jit.script``-able, as
+TorchRec's are) and runs unchanged on CPU, CUDA and meta/fake tensors.
 """
 
-from __future__ import annotations
+from typing import Optional
 
 import fbgemm_gpu  # noqa: F401  (importing registers torch.ops.fbgemm.*)
 import torch
 from torch import Tensor
 
 
-def lengths_to_offsets(lengths: Tensor) -> Tensor:
-    """Offsets [0, l0, l0+l1, ...] (len(lengths) + 1 entries, same dtype) of a lengths tensor."""
-    if lengths.dtype not in (torch.int32, torch.int64):
-        lengths = lengths.to(torch.int64)
+def cumsum(sizes: list[int]) -> list[int]:
+    """[0, s0, s0+s1, ...] of host-side sizes (len(sizes) + 1 entries)."""
+    out = [0] * (len(sizes) + 1)
+    for i in range(len(sizes)):
+        out[i + 1] = out[i] + sizes[i]
+    return out
+
+
+def to_offsets(lengths: Tensor) -> Tensor:
+    """Offsets [0, l0, l0+l1, ...] of ``lengths`` (one more entry, same integer dtype)."""
     return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
 
 
-def offsets_to_lengths(offsets: Tensor) -> Tensor:
-    """Lengths (len(offsets) - 1 entries) of an offsets tensor."""
-    return offsets.diff()
+def lengths_or_computed(lengths: Tensor | None, offsets: Tensor | None) -> Tensor:
+    """``lengths``, or ``diff(offsets)`` when only offsets are known."""
+    if lengths is None:
+        assert offsets is not None, "Must provide lengths or offsets"
+        return torch.diff(offsets)
+    return lengths
 
 
-def segment_offsets(sizes: list[int], device: torch.device) -> Tensor:
-    """int64 offsets of consecutive segments of the given host-side sizes, on ``device``."""
-    return lengths_to_offsets(torch.tensor(sizes, dtype=torch.int64, device=device))
+def offsets_or_computed(lengths: Tensor | None, offsets: Tensor | None) -> Tensor:
+    """``offsets``, or the cumulative sum of ``lengths`` when only lengths are known."""
+    if offsets is None:
+        assert lengths is not None, "Must provide lengths or offsets"
+        return to_offsets(lengths)
+    return offsets
 
 
-def sum_per_segment(offsets: Tensor, segment_bounds: Tensor) -> Tensor:
-    """Total length of each segment of rows, given row offsets and the segments' row bounds (no sync).
-
-    With key-major lengths, ``segment_bounds`` = offsets of the per-key strides gives length_per_key.
-    """
-    return offsets.to(torch.int64)[segment_bounds].diff()
+def batched_lengths_to_offsets(lengths: Tensor) -> Tensor:
+    """Row-wise offsets of a [F, B] lengths tensor: [F, B + 1], each row starting at 0 (same dtype)."""
+    zeros = lengths.new_zeros((lengths.size(0), 1))
+    return torch.cat([zeros, torch.cumsum(lengths, dim=-1).to(lengths.dtype)], dim=-1)
 
 
-def permute_segments(
-    permute: Tensor,
-    stride_per_key: Tensor,
-    lengths: Tensor,
-    length_per_key: Tensor,
-    values: Tensor,
-    weights: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Reorder key-major (lengths, values, weights) so that key ``permute[i]`` becomes key ``i``.
-
-    ``permute`` may repeat or omit keys. Works for a variable stride per key: the lengths are permuted as
-    segments of ``stride_per_key`` rows, the values as segments of ``length_per_key`` elements.
-    """
-    permute = permute.to(torch.int32)
-    _, permuted_lengths, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-        permute, stride_per_key.to(lengths.dtype), lengths, None, None
+def permute_by_segments(
+    tensor: Tensor,
+    segment_sizes: Tensor,
+    order: Tensor,
+    weights: Tensor | None = None,
+    output_size: int | None = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Concatenate the segments of ``tensor`` (sizes ``segment_sizes``) in ``order``; segments may repeat or
+    be left out. ``weights`` (one per element) follow their elements."""
+    _, permuted, permuted_weights = torch.ops.fbgemm.permute_1D_sparse_data(
+        order, segment_sizes, tensor, weights, output_size
     )
-    _, permuted_values, permuted_weights = torch.ops.fbgemm.permute_1D_sparse_data(
-        permute, length_per_key.to(torch.int64), values, weights, None
-    )
-    return permuted_lengths, permuted_values, permuted_weights
+    return permuted, permuted_weights
 
 
 def to_padded_dense(values: Tensor, offsets: Tensor, max_length: int, padding_value: float) -> Tensor:
@@ -64,20 +66,10 @@ def to_padded_dense(values: Tensor, offsets: Tensor, max_length: int, padding_va
     return torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [max_length], padding_value)
 
 
-def dense_mask(lengths: Tensor, width: int) -> Tensor:
-    """[B, width] boolean mask that is True at the first lengths[b] positions of row b."""
-    positions = torch.arange(width, device=lengths.device)
-    return positions.unsqueeze(0) < lengths.unsqueeze(-1)
-
-
-def select_inverse_indices(
-    inv: tuple[list[str], Tensor] | None, keys: list[str]
-) -> tuple[list[str], Tensor] | None:
-    """The rows of ``inv`` for ``keys``, or None when ``inv`` is None or lacks one of them."""
-    if inv is None:
-        return None
-    position = {k: i for i, k in enumerate(inv[0])}
-    if any(k not in position for k in keys):
-        return None
-    rows = torch.tensor([position[k] for k in keys], dtype=torch.int64, device=inv[1].device)
-    return keys, inv[1].index_select(0, rows)
+def sum_per_segment(lengths: Tensor, segment_sizes: list[int]) -> Tensor:
+    """Sum of each consecutive segment of ``lengths`` (segments of host-side sizes), as an int64 tensor."""
+    if len(segment_sizes) == 0:
+        return torch.empty(0, dtype=torch.int64, device=lengths.device)
+    bounds = torch.tensor(cumsum(segment_sizes), dtype=torch.int64, device=lengths.device)
+    ends = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.to(torch.int64))
+    return ends[bounds].diff()

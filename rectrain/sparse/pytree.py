@@ -1,80 +1,90 @@
-"""Registers the sparse types as ``torch.utils._pytree`` nodes (as TorchRec does).
+"""Registers the sparse types as ``torch.utils._pytree`` nodes, with TorchRec's leaves and contexts.
 
-Tensors become the leaves, keys and strides the (hashable) context, so ``torch.export``, ``tree_map`` and
-friends see through the types. Unflattening skips validation: leaves may be fake or meta tensors.
-``register_sparse_pytrees`` is called once when ``rectrain.sparse`` is imported.
+Tensors are the leaves, keys (and the per-key sizes of a KeyedTensor) the context, so ``torch.export``,
+``tree_map`` and friends see through the types, and a program exported with one batch size runs with
+another. The layouts follow TorchRec's, so specs and flattened lists mean the same thing in both:
+
+- JaggedTensor: [values, weights, lengths, offsets]; no context.
+- KeyedJaggedTensor: [values, weights, lengths, offsets, stride_per_key_per_rank, inverse indices tensor];
+  context the keys (which also name the inverse indices' rows). Fewer leaves mean the trailing ones are None.
+- KeyedTensor: [values]; context (keys, length_per_key), plus key_dim when it is not 1. Flattening a
+  KeyedTensor against a spec of another key order (``torch.fx`` pytree) regroups it into that order.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
+from torch import Tensor
 
-from rectrain.sparse.jagged_tensor import JaggedTensor
-from rectrain.sparse.keyed_jagged_tensor import KeyedJaggedTensor
-from rectrain.sparse.keyed_tensor import KeyedTensor
+from rectrain.sparse.jagged import JaggedTensor
+from rectrain.sparse.keyed_jagged import KeyedJaggedTensor
+from rectrain.sparse.keyed_tensor import KeyedTensor, permute_multi_embedding
 
 _JT_FIELDS = ("_values", "_weights", "_lengths", "_offsets")
-_KJT_FIELDS = ("_values", "_weights", "_lengths", "_offsets", "_inverse_indices_tensor")
-
-Context = Any
+_KJT_FIELDS = ("_values", "_weights", "_lengths", "_offsets", "_stride_per_key_per_rank", "_inverse_indices")
 
 
-def _jt_flatten(jt: JaggedTensor) -> tuple[list[Any], Context]:
+def _jt_flatten(jt: JaggedTensor) -> tuple[list[Tensor | None], None]:
     return [getattr(jt, f) for f in _JT_FIELDS], None
 
 
-def _jt_unflatten(children: list[Any], context: Context) -> JaggedTensor:
-    values, weights, lengths, offsets = children
-    return JaggedTensor(values, weights, lengths, offsets, validate=False)
+def _jt_unflatten(leaves: list[Tensor | None], context: None) -> JaggedTensor:
+    return JaggedTensor(*leaves)
 
 
-def _kjt_flatten(kjt: KeyedJaggedTensor) -> tuple[list[Any], Context]:
-    inv = kjt.inverse_indices_or_none()
-    children = [kjt.values(), kjt.weights_or_none(), kjt.lengths_or_none(), kjt.offsets_or_none()]
-    children.append(None if inv is None else inv[1])
-    spkpr = kjt._stride_per_key_per_rank
-    context = (
-        tuple(kjt.keys()),
-        kjt._stride,
-        None if spkpr is None else tuple(tuple(r) for r in spkpr),
-        None if inv is None else tuple(inv[0]),
-    )
-    return children, context
+def _kjt_flatten(kjt: KeyedJaggedTensor) -> tuple[list[Tensor | None], list[str]]:
+    leaves = [getattr(kjt, f) for f in _KJT_FIELDS[:-1]]
+    inverse = kjt.inverse_indices_or_none()
+    leaves.append(None if inverse is None else inverse[1])
+    return leaves, kjt.keys()
 
 
-def _kjt_unflatten(children: list[Any], context: Context) -> KeyedJaggedTensor:
-    values, weights, lengths, offsets, inv_tensor = children
-    keys, stride, spkpr, inv_keys = context
+def _kjt_unflatten(leaves: list[Tensor | None], context: list[str]) -> KeyedJaggedTensor:
+    if len(leaves) > len(_KJT_FIELDS):
+        raise ValueError(
+            f"a KeyedJaggedTensor has at most {len(_KJT_FIELDS)} leaves ({', '.join(_KJT_FIELDS)}), "
+            f"got {len(leaves)}"
+        )
+    leaves = list(leaves) + [None] * (len(_KJT_FIELDS) - len(leaves))
+    values, weights, lengths, offsets, per_rank, inverse = leaves
     return KeyedJaggedTensor(
-        keys=list(keys),
+        keys=list(context),
         values=values,
         weights=weights,
         lengths=lengths,
         offsets=offsets,
-        stride=stride,
-        stride_per_key_per_rank=None if spkpr is None else [list(r) for r in spkpr],
-        inverse_indices=None if inv_keys is None else (list(inv_keys), inv_tensor),
-        validate=False,
+        stride_per_key_per_rank=per_rank,
+        inverse_indices=None if inverse is None else (list(context), inverse),
     )
 
 
-def _kt_flatten(kt: KeyedTensor) -> tuple[list[Any], Context]:
-    return [kt.values()], (tuple(kt.keys()), tuple(kt.length_per_key()), kt.key_dim())
+def _kt_flatten(kt: KeyedTensor) -> tuple[list[Tensor], tuple[Any, ...]]:
+    context = (kt.keys(), kt.length_per_key())
+    return [kt.values()], context if kt.key_dim() == 1 else (*context, kt.key_dim())
 
 
-def _kt_unflatten(children: list[Any], context: Context) -> KeyedTensor:
-    keys, length_per_key, key_dim = context
-    return KeyedTensor(list(keys), list(length_per_key), children[0], key_dim=key_dim, validate=False)
+def _kt_unflatten(leaves: list[Tensor], context: tuple[Any, ...]) -> KeyedTensor:
+    key_dim = context[2] if len(context) > 2 else 1
+    return KeyedTensor(list(context[0]), list(context[1]), leaves[0], key_dim=key_dim)
+
+
+def _kt_flatten_spec(kt: KeyedTensor, spec: pytree.TreeSpec) -> list[Tensor]:
+    """``kt``'s values in the key order ``spec`` was made with (regrouped if ``kt`` holds them otherwise)."""
+    keys = list(spec.context[0])
+    if kt.keys() == keys:
+        return [kt.values()]
+    return [permute_multi_embedding([kt], [keys])[0]]
 
 
 def _with_keys(flatten, names):
-    """A flatten_with_keys_fn that names each leaf by its field (for readable export graphs)."""
+    """A flatten_with_keys_fn naming each leaf by its field (readable export graphs)."""
 
     def flatten_with_keys(node):
-        children, context = flatten(node)
-        return [(pytree.GetAttrKey(n.lstrip("_")), c) for n, c in zip(names, children)], context
+        leaves, context = flatten(node)
+        return [(pytree.GetAttrKey(n.lstrip("_")), leaf) for n, leaf in zip(names, leaves)], context
 
     return flatten_with_keys
 
@@ -96,3 +106,6 @@ def register_sparse_pytrees() -> None:
             serialized_type_name=f"{cls.__module__}.{cls.__name__}",
             flatten_with_keys_fn=_with_keys(flatten, names),
         )
+    fx_pytree.register_pytree_flatten_spec(JaggedTensor, lambda jt, spec: _jt_flatten(jt)[0])
+    fx_pytree.register_pytree_flatten_spec(KeyedJaggedTensor, lambda kjt, spec: _kjt_flatten(kjt)[0])
+    fx_pytree.register_pytree_flatten_spec(KeyedTensor, _kt_flatten_spec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from rectrain.distributed import ShardingEnv
 from rectrain.errors import ConfigError
 from rectrain.train.config import RunConfig
 
+EXIT_STOPPED = 128 + signal.SIGTERM  # 143: stopped early by SIGTERM, checkpoint written
 _METRIC_ORDER = ("auc", "ne", "log_loss", "accuracy", "calibration", "num_examples")
 
 
@@ -27,16 +29,24 @@ def load_config(args: argparse.Namespace) -> RunConfig:
     overrides = list(args.set or [])
     if getattr(args, "strict", False):
         overrides.append("data.strict=true")
+    if getattr(args, "overwrite", False):
+        overrides.append("checkpoint.overwrite=true")
     return RunConfig.load(args.config, overrides)
 
 
-def run_on_ranks(fn: Callable[[ShardingEnv | None], int], distributed: bool) -> int:
-    """``fn(env)`` inside a torchrun session when ``distributed``, else ``fn(None)``."""
+def run_on_ranks(
+    fn: Callable[[ShardingEnv | None], int], distributed: bool, config: RunConfig | None = None
+) -> int:
+    """``fn(env)`` inside a torchrun session when ``distributed`` (collectives time out after the config's
+    ``train.collective_timeout_s``), else ``fn(None)``."""
     if not distributed:
         return fn(None)
+    from datetime import timedelta
+
     from rectrain.distributed.env import torchrun_session
 
-    with torchrun_session() as env:
+    timeout = timedelta(seconds=config.train.collective_timeout_s) if config is not None else None
+    with torchrun_session(timeout=timeout) as env:
         return fn(env)
 
 
@@ -81,19 +91,29 @@ def train_command(args: argparse.Namespace, distributed: bool) -> int:
             if summary.eval_metrics:
                 step = summary.eval_metrics["step"]
                 print(f"eval at step {step}: {format_metrics(summary.eval_metrics)}")
+            if summary.eval_error:
+                print(f"eval at step {summary.end.step} failed (training is saved): {summary.eval_error}")
             if summary.checkpoint is not None:
                 print(f"checkpoint: {summary.checkpoint}")
             if summary.stopped_by_signal:
-                print("stopped by SIGTERM after checkpointing")
-        return 0
+                print(
+                    f"stopped by SIGTERM after checkpointing (exit {EXIT_STOPPED}: not finished; run the "
+                    "same command again to resume)"
+                )
+        # Every rank returns the same code: the run is not finished, so a launcher that restarts failed
+        # jobs (torchrun --max-restarts, a Kubernetes Job) starts it again and it resumes. Exit 0 would
+        # tell a Job that this pod's part of the work is complete.
+        return EXIT_STOPPED if summary.stopped_by_signal else 0
 
-    return run_on_ranks(on_rank, distributed)
+    return run_on_ranks(on_rank, distributed, config)
 
 
 def plan_command(args: argparse.Namespace, world_size: int) -> int:
     from rectrain.train.build import embedding_tables, make_plan
 
     config = load_config(args)
+    if args.out:
+        _check_out_file(Path(args.out))
     plan = make_plan(config, embedding_tables(config), world_size, env=None)
     print(plan.report())
     if args.out:
@@ -102,13 +122,23 @@ def plan_command(args: argparse.Namespace, world_size: int) -> int:
     return 0
 
 
+def _check_out_file(out: Path) -> None:
+    """``--out`` must name a file in an existing directory (the message must not name a temp file)."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'plan.json'}")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {out.parent} does not exist; create it first")
+
+
 def eval_command(args: argparse.Namespace, distributed: bool) -> int:
     from rectrain.train.job import TrainJob
+    from rectrain.train.preflight import check_run_paths
 
     config = load_config(args)
     directory = args.checkpoint or config.checkpoint.dir
     if directory is None:
         raise ConfigError("rectrain eval: give --checkpoint DIR or set checkpoint.dir in the config")
+    check_run_paths(config, training=False)
 
     def on_rank(env: ShardingEnv | None) -> int:
         from rectrain.checkpoint import load_checkpoint
@@ -121,7 +151,7 @@ def eval_command(args: argparse.Namespace, distributed: bool) -> int:
             print(_json_line("eval", {"step": info.step, "checkpoint": str(directory), **metrics}))
         return 0
 
-    return run_on_ranks(on_rank, distributed)
+    return run_on_ranks(on_rank, distributed, config)
 
 
 def bench_command(args: argparse.Namespace, distributed: bool) -> int:
@@ -133,7 +163,8 @@ def bench_command(args: argparse.Namespace, distributed: bool) -> int:
     def on_rank(env: ShardingEnv | None) -> int:
         job = TrainJob(config, env, progress_bar=False)
         world_size = 1 if env is None else env.world_size
-        cached = [b for _, b in zip(range(4), job.data.train_batches())]  # data generation is not timed
+        # data generation is not timed
+        cached = [item.batch for _, item in zip(range(4), job.data.train_batches())]
         if not cached:
             raise ConfigError(f"{config.source}: data: no training batches to benchmark with")
         pipeline_type = TrainPipelineSparseDist if config.train.pipeline else TrainPipelineBase
@@ -157,7 +188,7 @@ def bench_command(args: argparse.Namespace, distributed: bool) -> int:
             print(f"rectrain bench examples/s {examples / seconds:.0f}")
         return 0
 
-    return run_on_ranks(on_rank, distributed)
+    return run_on_ranks(on_rank, distributed, config)
 
 
 def _barrier(env: ShardingEnv | None) -> None:

@@ -42,7 +42,8 @@ class DataConfig:
 
     ``synthetic`` draws learnable labels (``rectrain.datasets.synthetic``); its held-out split comes from
     batch streams no training rank reads. For files (``criteo``, ``movielens``) the held-out split is
-    ``eval_paths`` when given, else every ``holdout_every``-th batch of each rank's stream (never trained on).
+    ``eval_paths`` when given, else every ``holdout_every``-th block of ``train.batch_size`` rows of the files
+    (counted from the first row, whatever the number of ranks; never trained on).
     ``num_batches`` is the synthetic epoch length per rank (default: as many as the run needs). MovieLens
     ratings become binary labels: 1 when rating >= ``threshold``.
     """
@@ -108,6 +109,8 @@ class TrainConfig:
     """The loop: per-rank batch size, length (``steps`` or ``epochs``), evaluation and logging cadence.
 
     ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it).
+    ``collective_timeout_s``: how long a rank waits for its peers in a collective before it fails with an
+    error naming the ranks that did not arrive (a hung or dead rank).
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -121,16 +124,23 @@ class TrainConfig:
     metrics_log: str | None = None
     device: str = field(default="auto", metadata=choices("auto", "cpu", "cuda"))
     recall_k: int = field(default=10, metadata=positive())
+    collective_timeout_s: float = field(default=600.0, metadata=positive())
 
 
 @dataclass
 class CheckpointConfig:
-    """Where and how often to checkpoint; ``every_n_steps = 0`` saves only at the end (and on SIGTERM)."""
+    """Where and how often to checkpoint; ``every_n_steps = 0`` saves only at the end (and on SIGTERM).
+
+    ``dir = ""`` turns saving off. ``keep_last`` counts the most recently saved checkpoints. With ``resume =
+    false`` a directory that already holds checkpoints is refused unless ``overwrite`` (``rectrain train
+    --overwrite``), which deletes them at the start.
+    """
 
     dir: str | None = None
     every_n_steps: int = field(default=0, metadata=non_negative())
     keep_last: int = field(default=3, metadata=positive())
     resume: bool = True
+    overwrite: bool = False
 
 
 @dataclass
@@ -227,5 +237,10 @@ class RunConfig:
                 raise ConfigError(
                     f"{src}: planner.sharding_types: {name!r} is not one of {', '.join(SHARDING_TYPES)}"
                 )
+        if train.metrics_log == "":
+            raise ConfigError(
+                f'{src}: train.metrics_log: "" is not a file; give a path such as "runs/metrics.jsonl", '
+                "or leave the key out to write no log"
+            )
         if self.checkpoint.every_n_steps and self.checkpoint.dir is None:  # dir = "" turns saving off
             raise ConfigError(f"{src}: checkpoint.every_n_steps is set but checkpoint.dir is not")

@@ -1,12 +1,18 @@
 """The run's data: a rank's training stream and its held-out evaluation batches, built from a ``RunConfig``.
 
 The dataset's shape is taken from the model: the dense width is ``model.dense_in_features`` and each
-feature's id range is the row count of the table that reads it. The training stream of a rank is a fixed
-sequence (epochs one after another), so a resumed run skips the batches it already trained on.
+feature's id range is the row count of the table that reads it. Each training batch comes with the data
+position once it is trained (``PositionedBatch``), which a checkpoint records:
+
+- file sources (``criteo``, ``movielens``) are read in global windows (``rectrain.datasets.windows``): the
+  position is (epoch, rows of the epoch consumed), the same on every rank and for any number of ranks, so a
+  run resumed on another world size continues with the next row;
+- synthetic batches are made per rank from (seed, rank, index): the position counts each rank's batches.
 
 Held-out split: synthetic evaluation batches come from "virtual ranks" ``world_size .. 2 * world_size - 1``
 (the same hidden task, examples no training rank sees); file sources use ``eval_paths`` when given, else
-every ``holdout_every``-th batch of each rank's stream is kept out of training.
+every ``holdout_every``-th block of ``batch_size`` rows (counted from the start of the epoch) is kept out of
+training and read, in windows, for evaluation.
 """
 
 from __future__ import annotations
@@ -21,31 +27,91 @@ from rectrain.datasets import CriteoConfig, MovieLensConfig, SyntheticConfig, bu
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, NUM_DENSE
 from rectrain.datasets.factory import DatasetConfig
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
+from rectrain.datasets.windows import BATCHES, ROWS, DataPosition, Holdout, Windowed
 from rectrain.errors import ConfigError, RecTrainError
 from rectrain.models.batch import Batch
 from rectrain.train.config import RunConfig
 
 
+@dataclass
+class PositionedBatch:
+    """A training batch and the job's data position once every rank has trained its batch of this step."""
+
+    batch: Batch
+    position: DataPosition
+
+
 @dataclass(frozen=True)
 class RunData:
-    """A rank's data: ``train_batches(start_step)`` (its stream from a step on) and ``eval_batches()``."""
+    """A rank's data: ``train_batches(position)`` (its stream from a position on) and ``eval_batches()``."""
 
     config: RunConfig
     rank: int
     world_size: int
 
-    def train_batches(self, start_step: int = 0) -> Iterator[Batch]:
-        """This rank's training batches, from batch ``start_step`` on (``epochs`` passes, else endless)."""
-        data, train = self.config.data, self.config.train
+    @property
+    def unit(self) -> str:
+        """How this run's data position counts: rows of files, or batches per rank (synthetic)."""
+        return BATCHES if self.config.data.source == "synthetic" else ROWS
+
+    def initial_position(self) -> DataPosition:
+        return DataPosition(0, 0, self.unit, self.config.data.source)
+
+    def train_batches(self, start: DataPosition | None = None) -> Iterator[PositionedBatch]:
+        """This rank's training batches from ``start`` (``epochs`` passes, else endless).
+
+        A position counted in batches on a file source (a checkpoint without a global position, written by
+        an older rectrain) skips that many batches of this rank's stream, as those versions did.
+        """
+        start = start or self.initial_position()
+        data = self.config.data
+        if data.source == "synthetic":
+            if start.unit != BATCHES:
+                raise ConfigError(
+                    f"{self.config.source}: data.source: the checkpoint's data position counts rows of "
+                    f"{start.source or 'files'}; synthetic data cannot continue from it"
+                )
+            return self._counted(self._synthetic_batches(start.offset), start.offset)
+        if start.unit == BATCHES:
+            stream = self._file_batches(self.initial_position())
+            return itertools.islice(stream, start.offset, None)
+        return self._file_batches(start)
+
+    def _file_batches(self, start: DataPosition) -> Iterator[PositionedBatch]:
+        data, epochs = self.config.data, self.config.train.epochs
         dataset_config = _dataset_config(self.config, data.paths)
-        if isinstance(dataset_config, SyntheticConfig) and data.num_workers == 0:
-            return _synthetic_stream(self.config, dataset_config, self.rank, self.world_size, start_step)
+        select = self._holdout(held_out=False)
+        passes = range(start.epoch, epochs) if epochs is not None else itertools.count(start.epoch)
+        for epoch in passes:
+            offset = start.offset if epoch == start.epoch else 0
+            dataset = build_dataset(
+                dataset_config, self.rank, self.world_size, start_row=offset, select=select
+            )
+            empty = True
+            for item in _loader(Windowed(dataset), data.num_workers):
+                empty = False
+                yield PositionedBatch(item.batch, DataPosition(epoch, item.end, ROWS, data.source))
+            if empty and offset == 0:
+                raise ConfigError(f"{self.config.source}: data.paths: epoch {epoch} gave no training rows")
+
+    def _synthetic_batches(self, start: int) -> Iterator[Batch]:
+        data, train = self.config.data, self.config.train
+        dataset_config = _dataset_config(self.config, [])
+        if data.num_workers == 0:
+            return _synthetic_stream(self.config, dataset_config, self.rank, self.world_size, start)
         dataset = build_dataset(dataset_config, self.rank, self.world_size)
         stream = _epochs(dataset, data.num_workers, train.epochs, self.config.source)
-        if _holds_out_batches(self.config):
-            k = data.holdout_every
-            stream = (b for i, b in enumerate(stream) if i % k != k - 1)
-        return itertools.islice(stream, start_step, None)
+        return itertools.islice(stream, start, None)
+
+    def _counted(self, batches: Iterable[Batch], start: int) -> Iterator[PositionedBatch]:
+        source = self.config.data.source
+        for i, batch in enumerate(batches, start=start + 1):
+            yield PositionedBatch(batch, DataPosition(0, i, BATCHES, source))
+
+    def _holdout(self, held_out: bool) -> Holdout | None:
+        if not _holds_out_batches(self.config):
+            return None
+        return Holdout(self.config.data.holdout_every, self.config.train.batch_size, held_out=held_out)
 
     def eval_batches(self) -> Iterator[Batch]:
         """The first ``train.eval_batches`` held-out batches of this rank (the same ones every time)."""
@@ -55,12 +121,10 @@ class RunData:
             dataset = build_dataset(dataset_config, self.rank + self.world_size, 2 * self.world_size)
             return iter(dataset)
         paths = data.eval_paths or data.paths
-        dataset = build_dataset(_dataset_config(self.config, paths), self.rank, self.world_size)
-        stream: Iterable[Batch] = _loader(dataset, data.num_workers)
-        if _holds_out_batches(self.config):
-            k = data.holdout_every
-            stream = (b for i, b in enumerate(stream) if i % k == k - 1)
-        return itertools.islice(stream, count)
+        dataset = build_dataset(
+            _dataset_config(self.config, paths), self.rank, self.world_size, select=self._holdout(True)
+        )
+        return itertools.islice(iter(_loader(dataset, data.num_workers)), count)
 
 
 def _holds_out_batches(config: RunConfig) -> bool:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rectrain.distributed.timeouts import collective
 from rectrain.metrics import MetricsComputer
 from rectrain.metrics.functional import recall_hits, retrieval_scores
 from rectrain.models.batch import Batch
@@ -41,7 +42,8 @@ class _RecallAtK:
     def compute(self) -> float:
         sums = self.sums.clone()
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums)
+            with collective("all_reduce (recall@k)"):
+                dist.all_reduce(sums)
         hits, pairs = sums.tolist()
         return hits / pairs if pairs else float("nan")
 

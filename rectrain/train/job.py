@@ -1,10 +1,13 @@
 """``TrainJob``: the training job behind ``rectrain train`` (one process, or one rank under torchrun).
 
-Per step: the pipeline trains one batch (``TrainPipelineSparseDist`` overlaps the next batch's load and
-input all-to-all; ``TrainPipelineBase`` with ``train.pipeline = false``), the reporter updates the bar and
-the JSON-lines log, and at their cadences the run evaluates on the held-out split and checkpoints. SIGTERM
-stops the run at the next step boundary with a checkpoint (no final evaluation: the grace period is short).
-At the end: a final evaluation and checkpoint.
+Before the first step every configured path is checked (``preflight``) and the checkpoint directory is
+tidied; a resume loads the latest checkpoint and continues the data at its global position. Per step: the
+pipeline trains one batch (``TrainPipelineSparseDist`` overlaps the next batch's load and input all-to-all;
+``TrainPipelineBase`` with ``train.pipeline = false``), the reporter updates the bar and the JSON-lines log,
+and at their cadences the run evaluates on the held-out split and checkpoints. SIGTERM stops the run at the
+next step boundary with a checkpoint (no final evaluation: the grace period is short). At the end: the final
+checkpoint, then the final evaluation. A failing evaluation is logged and the run goes on; a failure to read
+the training data checkpoints the last step before it ends the run.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from rectrain.distributed import ShardingEnv
+from rectrain.distributed.timeouts import CollectiveTimeoutError
+from rectrain.errors import ConfigError, TrainingDiverged
 from rectrain.train import checkpointing
 from rectrain.train.build import TrainingModel, build_training
 from rectrain.train.checkpointing import Position
@@ -25,6 +30,7 @@ from rectrain.train.data import RunData
 from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from rectrain.train.preflight import check_run_paths
 from rectrain.train.progress import ProgressReporter
 from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
@@ -40,6 +46,7 @@ class TrainSummary:
     end: Position
     seconds: float = 0.0
     eval_metrics: dict[str, float] = field(default_factory=dict)
+    eval_error: str | None = None
     checkpoint: Path | None = None
     stopped_by_signal: bool = False
 
@@ -52,13 +59,6 @@ class TrainSummary:
 
 def _world(env: ShardingEnv | None) -> tuple[int, int]:
     return (0, 1) if env is None else (env.rank, env.world_size)
-
-
-def _rows_of(output: Any, default: int) -> int:
-    """Examples in the batch a training model's output ``(loss, (loss, logits, labels))`` came from."""
-    if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], tuple):
-        return int(output[1][-1].shape[0])
-    return default
 
 
 def _loss_of(output: Any) -> Any:
@@ -86,16 +86,28 @@ class TrainJob:
         t, k = self.training, self.config.train.recall_k
         return evaluate(t.prediction_model, self.data.eval_batches(), t.device, self.agreement, recall_k=k)
 
-    def _batches(self, start: int, stop: StopSignal) -> AgreedBatches:
-        stream = self.data.train_batches(start)
+    def _batches(self, position: Position, stop: StopSignal) -> AgreedBatches:
+        stream = self.data.train_batches(position.data)
         steps = self.config.train.steps
         if steps is not None:  # exactly the batches left, so the pipeline never loads one past the end
-            stream = itertools.islice(stream, max(0, steps - start))
+            stream = itertools.islice(stream, max(0, steps - position.step))
         return AgreedBatches(stream, self.agreement, stop)
+
+    def _preflight(self) -> None:
+        """Every configured path checked on every rank before anything trains; all ranks fail together."""
+        error: ConfigError | None = None
+        try:
+            check_run_paths(self.config)
+        except ConfigError as e:
+            error = e
+        if self.agreement.any_rank(error is not None):
+            raise error or ConfigError("a path check failed on another rank (see its error)")
+        checkpointing.prepare_directory(self.config, self.env)
 
     def run(self) -> TrainSummary:
         cfg, t = self.config, self.training
-        position = checkpointing.resume(cfg, t, self.env)
+        self._preflight()
+        position = checkpointing.resume(cfg, t, self.env, self.data.initial_position())
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
             start_step=position.step,
@@ -110,41 +122,52 @@ class TrainJob:
         summary = TrainSummary(start=position, end=position)
         self._saved_step = position.step if position.step else None
         self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
+        self._position, self._evaluated_step = position, None
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:
-                position = self._loop(
-                    pipeline, self._batches(position.step, stop), position, reporter, summary
-                )
+                self._loop(pipeline, self._batches(position, stop), reporter, summary)
             summary.seconds = time.perf_counter() - start_time
-            reporter.flush(position.step)
-            evaluated = summary.eval_metrics.get("step") == position.step
-            if not (evaluated or summary.stopped_by_signal):  # on SIGTERM, save first and fast
-                self._evaluate(position.step, reporter, summary)
-            summary.checkpoint = self._checkpoint(position, reporter) or summary.checkpoint
+            self._finish(reporter, summary)
         finally:
-            reporter.close(position.step)
-        summary.end = position
+            reporter.close(self._position.step)
+        summary.end = self._position
         return summary
+
+    def _finish(self, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        """The final checkpoint, then the final evaluation: nothing trained is lost to an evaluation that
+        fails or never ends. On SIGTERM only the checkpoint (the grace period is short)."""
+        step = self._position.step
+        reporter.flush(step)
+        final_eval = not (self._evaluated_step == step or summary.stopped_by_signal)
+        path = self._checkpoint(self._position, reporter, good=not final_eval)
+        summary.checkpoint = path or summary.checkpoint
+        if final_eval:
+            self._final_evaluation(step, reporter, summary)
 
     def _loop(
         self,
         pipeline: TrainPipelineBase,
         batches: AgreedBatches,
-        position: Position,
         reporter: ProgressReporter,
         summary: TrainSummary,
-    ) -> Position:
+    ) -> None:
         cfg = self.config
         every_eval, every_ckpt = cfg.train.eval_every, cfg.checkpoint.every_n_steps
         while True:
+            position = self._position
             self.lr.apply(position.step)
             try:
                 output = pipeline.progress(batches)
             except StopIteration:
-                return position
-            rows = _rows_of(output, cfg.train.batch_size) * self.world_size
-            position = Position(position.step + 1, position.examples + rows)
+                return
+            except Exception:
+                if batches.failed:  # every rank failed to read at this step: keep what was trained
+                    logger.error("reading the next batch failed; checkpointing step %d first", position.step)
+                    self._checkpoint(position, reporter)
+                raise
+            rows, data = batches.trained()
+            position = self._position = Position(position.step + 1, position.examples + rows, data)
             loss = _loss_of(output)
             reporter.on_step(position.step, loss, position.examples)
             self.guard.check_loss(position.step, loss)
@@ -155,22 +178,44 @@ class TrainJob:
                     "stop requested (SIGTERM): checkpointing at step %d and exiting", position.step
                 )
                 summary.stopped_by_signal = True
-                return position
+                return
             if every_ckpt and position.step % every_ckpt == 0:
                 summary.checkpoint = self._checkpoint(position, reporter)
 
     def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
-        summary.eval_metrics = {"step": step, **self.evaluate()}
+        """Evaluate and report; a failing evaluation is logged and the run goes on (training is not lost)."""
+        self._evaluated_step = step
+        try:
+            metrics = self.evaluate()
+        except (CollectiveTimeoutError, TrainingDiverged):
+            raise
+        except Exception as e:
+            summary.eval_error = f"{type(e).__name__}: {e}".splitlines()[0]
+            logger.error("evaluation at step %d failed, training goes on: %s", step, summary.eval_error)
+            reporter.write({"event": "eval_failed", "step": step, "error": summary.eval_error})
+            return
+        summary.eval_metrics, summary.eval_error = {"step": step, **metrics}, None
         reporter.on_eval(step, summary.eval_metrics)
         self.guard.check_eval(step, summary.eval_metrics)
 
-    def _checkpoint(self, position: Position, reporter: ProgressReporter) -> Path | None:
-        """Save ``position`` unless it is already saved (or checkpointing is off)."""
+    def _final_evaluation(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
+        try:
+            self._evaluate(step, reporter, summary)
+        except TrainingDiverged as e:
+            saved = f"; the final checkpoint (step {step}) was written before this evaluation"
+            raise TrainingDiverged(f"{e}{saved if self._saved_step == step else ''}") from None
+        if self._saved_step == step:
+            self.guard.saved(step)
+
+    def _checkpoint(self, position: Position, reporter: ProgressReporter, good: bool = True) -> Path | None:
+        """Save ``position`` unless it is already saved (or checkpointing is off); ``good=False`` before the
+        evaluation that would tell the guard otherwise."""
         if position.step == self._saved_step:
             return None
         path = checkpointing.save(self.config, self.training, self.env, position)
         self._saved_step = position.step
         if path is not None:
-            self.guard.saved(position.step)
+            if good:
+                self.guard.saved(position.step)
             reporter.write({"event": "checkpoint", "step": position.step, "path": str(path)})
         return path

@@ -120,10 +120,15 @@ def read_section(cls: type[T], table: Any, *, where: str, source: str) -> T:
 
 def load_toml(path: Path) -> dict[str, Any]:
     """The parsed TOML document at ``path``; ``ConfigError`` when it is missing or not valid TOML."""
+    if path.is_dir():
+        example = path / "run.toml"
+        raise ConfigError(f"config file {path} is a directory; give the run's TOML file, e.g. {example}")
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"config file {path} does not exist; check the --config path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path.name}: not valid TOML: {e}") from None
 

@@ -45,7 +45,9 @@ def tables() -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(seed: int, optimizer: str = "rowwise_adagrad", rows: list[int] | None = None) -> DLRMTrain:
+def build_model(
+    seed: int, optimizer: str = "rowwise_adagrad", rows: list[int] | None = None, cpu_backward: str = "auto"
+) -> DLRMTrain:
     torch.manual_seed(seed)
     configs = tables()
     if rows is not None:
@@ -55,7 +57,8 @@ def build_model(seed: int, optimizer: str = "rowwise_adagrad", rows: list[int] |
             )
             for c, n in zip(configs, rows)
         ]
-    ebc = EmbeddingBagCollection(configs, fused_optimizer=FusedOptimizerConfig(optimizer, lr=0.05))
+    fused = FusedOptimizerConfig(optimizer, lr=0.05, cpu_backward=cpu_backward)
+    ebc = EmbeddingBagCollection(configs, fused_optimizer=fused)
     return DLRMTrain(DLRM(ebc, DENSE_IN, [16, DIM], [16, 1]))
 
 

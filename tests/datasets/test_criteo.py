@@ -91,7 +91,7 @@ def test_gzip_matches_plain_and_batches_split(tmp_path):
     assert [len(b.labels) for b in CriteoDataset(zipped)] == [4, 4]
 
 
-def test_ranks_and_workers_partition_the_lines(tmp_path):
+def test_ranks_take_blocks_of_global_windows_whatever_the_workers(tmp_path):
     rows = [_row(str(i % 2), cats=[f"{i:x}"] * 26) for i in range(23)]
     cfg = CriteoConfig(paths=[_write(tmp_path / "a.tsv", rows)], batch_size=3, num_embeddings=1000)
     everything = sorted(_all_rows(CriteoDataset(cfg)))
@@ -99,10 +99,16 @@ def test_ranks_and_workers_partition_the_lines(tmp_path):
     for rank in range(2):
         loader = DataLoader(build_dataset(cfg, rank, 2), batch_size=None, num_workers=2)
         shares.append(_all_rows(loader))
+        assert shares[-1] == _all_rows(build_dataset(cfg, rank, 2)), "workers change nothing"
     assert sorted(shares[0] + shares[1]) == everything
-    assert abs(len(shares[0]) - len(shares[1])) <= 1
-    first_ids = {r[2][0] for r in shares[0]}
-    assert first_ids == {1 + i % 999 for i in range(23) if i % 4 in (0, 1)}  # readers 0, 1 of 4
+    # Windows of 2 x 3 lines: rank 0 takes the first 3 of each, rank 1 the rest; the last window
+    # (lines 18..22) is split 2 + 3.
+    first_ids = [r[2][0] for r in shares[0]]
+    assert first_ids == [1 + i for i in (0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19)]
+    positions = [w.end for w in CriteoDataset(cfg, 1, 2).windows()]
+    assert positions == [6, 12, 18, 23]
+    resumed = CriteoDataset(cfg, 0, 1, start_row=12)
+    assert [r[2][0] for r in _all_rows(resumed)] == [1 + i for i in range(12, 23)]
 
 
 def test_config_errors_name_the_field(tmp_path):

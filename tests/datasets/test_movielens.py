@@ -55,7 +55,7 @@ def test_ranks_split_the_lines(tmp_path):
         torch.cat([b.sparse_features["user_id"].values() for b in MovieLensDataset(cfg, r, 2)]).tolist()
         for r in range(2)
     ]
-    assert users == [[0, 2, 4, 6], [1, 3, 5]]
+    assert users == [[0, 1, 4], [2, 3, 5, 6]]  # windows of 2 x 2 lines; the last (3 lines) split 1 + 2
 
 
 def test_config_errors():

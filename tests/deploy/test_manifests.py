@@ -97,6 +97,9 @@ def test_training_is_an_indexed_job_of_torchrun_agents_meeting_at_pod_0():
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert pod["restartPolicy"] == "OnFailure" and launcher.max_restarts > 0
+    # Restarts need a fresh rendezvous store per round (see rectrain.distributed.env.warn_shared_store).
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
 
 
 def _run_config_text(container, pod, config_path: str) -> str:
@@ -174,6 +177,7 @@ def test_server_ports_probes_and_services_match_its_flags():
     grpc_port, metrics_port = command.args.port, command.args.metrics_port
     assert container_port(container, "grpc") == grpc_port
     assert container_port(container, "metrics") == metrics_port
+    assert container_port(container, "http") == command.args.http_port  # Open Inference Protocol REST
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == grpc_port, probe
     assert container["readinessProbe"]["grpc"]["service"] == HEALTH_SERVICE

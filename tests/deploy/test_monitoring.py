@@ -129,7 +129,7 @@ def test_compose_prometheus_scrapes_the_servers_metrics_port(dockerfile):
     (static,) = doc["scrape_configs"][0]["static_configs"]
     assert static["targets"] == [f"recserve:{args.metrics_port}"]
     published = {int(p.rsplit(":", 1)[1]) for p in server["ports"]}
-    assert published == {args.port, args.metrics_port}
+    assert published == {args.port, args.metrics_port, args.http_port}
     assert args.package is None and args.metrics_host == "0.0.0.0"
     mounted = {compose_volume(v)[1] for v in server["volumes"]}
     assert any(str(args.watch).startswith(m) for m in mounted), (args.watch, mounted)

@@ -71,7 +71,8 @@ def random_batch(batch: int, seed: int = 0, max_ids: int = 5) -> tuple[torch.Ten
 @contextlib.contextmanager
 def running_server(package: Path | None, **overrides):
     """A real server in this process on a free loopback port (metrics and admin on other free ports)."""
-    cfg = ServeConfig(package=package, **{"port": 0, "metrics_port": 0, "admin_port": 0, **overrides})
+    ports = {"port": 0, "metrics_port": 0, "admin_port": 0, "http_port": 0}
+    cfg = ServeConfig(package=package, **{**ports, **overrides})
     server = RecServer(cfg)
     server.start()
     try:

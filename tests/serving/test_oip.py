@@ -69,14 +69,13 @@ def test_model_infer_matches_the_in_process_predictor(stub, package, raw):
     [
         (lambda r: r.raw_input_contents.__setitem__(2, b"\x00" * 3), "raw_input_contents['f0.values']"),
         (lambda r: setattr(r.inputs[1], "datatype", "FP32"), "datatype"),
-        (lambda r: setattr(r, "model_name", "other"), "model_name"),
         (lambda r: r.inputs[0].shape.__setitem__(1, 3), "raw_input_contents['dense']"),
         (
             lambda r: [setattr(r.inputs[i], "name", f"zz.{n}") for i, n in ((5, "lengths"), (6, "values"))],
             "'zz'",
         ),
     ],
-    ids=["raw_size", "datatype", "model_name", "dense_shape", "unknown_feature"],
+    ids=["raw_size", "datatype", "dense_shape", "unknown_feature"],
 )
 def test_bad_infer_requests_are_invalid_argument(stub, mutate, message):
     dense, kjt = random_batch(2, seed=1)
@@ -87,3 +86,27 @@ def test_bad_infer_requests_are_invalid_argument(stub, mutate, message):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in info.value.details()
     assert stub.ModelInfer(infer_request(dense, kjt, raw=True)).outputs[0].shape == [2]
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "field"),
+    [("other", "", "model_name: 'other'"), ("tiny", "9", "model_version: '9'")],
+    ids=["unknown_model", "unknown_version"],
+)
+def test_unknown_model_or_version_is_not_found(stub, name, version, field):
+    """As Triton and KServe answer: NOT_FOUND naming what was asked for, on every per-model RPC."""
+    dense, kjt = random_batch(2, seed=1)
+    req = infer_request(dense, kjt, raw=True)
+    req.model_name, req.model_version = name, version
+    calls = [
+        lambda: stub.ModelInfer(req),
+        lambda: stub.ModelMetadata(oip_pb2.ModelMetadataRequest(name=name, version=version)),
+        lambda: stub.ModelConfig(oip_pb2.ModelConfigRequest(name=name, version=version)),
+        lambda: stub.ModelStatistics(oip_pb2.ModelStatisticsRequest(name=name, version=version)),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as info:
+            call()
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert field in info.value.details()
+    assert not stub.ModelReady(oip_pb2.ModelReadyRequest(name=name, version=version)).ready

@@ -219,3 +219,49 @@ def test_loadgen_callers_are_independent_connections():
         server.stop(None)
     assert r.errors == {} and r.requests > 0
     assert len(peers) == 4
+
+
+@pytest.mark.slow
+def test_open_loop_offers_poisson_arrivals_and_measures_from_the_scheduled_time(package):
+    """About rate x duration requests arrive whatever the replies do; latencies count from the arrival."""
+    from recserve.client.openloop import OpenLoopConfig, run_open_loop
+
+    from .conftest import running_server
+
+    with running_server(package, max_queue_delay_ms=1) as server:
+        cfg = OpenLoopConfig(
+            f"127.0.0.1:{server.port}", rate_rps=60, duration_s=2.0, warmup_s=0.3, request_batch=8,
+            processes=1, channels=4,
+        )  # fmt: skip
+        r = run_open_loop(cfg)
+    # Poisson count over 2 s at 60/s: mean 120, sd 11; a loaded machine may drop a few to errors, none here
+    assert r.errors == {} and 60 <= r.latencies_s.size <= 200
+    assert 0 < r.percentile_ms(50) <= r.percentile_ms(99) <= r.percentile_ms(100)
+    assert r.examples_per_s == pytest.approx(r.latencies_s.size * 8 / 2.0)
+    assert "Poisson 60 requests/s" in r.summary()
+
+
+def test_open_loop_does_not_wait_for_replies():
+    """A server that takes 300 ms per reply still sees arrivals at the offered rate (a closed loop of one
+    caller would send 3/s); latencies include the 300 ms."""
+    from concurrent import futures
+
+    from recserve.client.openloop import OpenLoopConfig, run_open_loop
+
+    def predict(request: bytes, context: grpc.ServicerContext) -> bytes:
+        time.sleep(0.3)
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "recserve.v1.Predictor", {"Predict": grpc.unary_unary_rpc_method_handler(predict)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        cfg = OpenLoopConfig(f"127.0.0.1:{port}", rate_rps=40, duration_s=1.5, warmup_s=0.2, processes=1)
+        r = run_open_loop(cfg, requests=[b""])
+    finally:
+        server.stop(None)
+    assert r.errors == {} and r.latencies_s.size >= 25  # mean 60; a closed loop of 1 would manage ~5
+    assert r.percentile_ms(50) >= 300

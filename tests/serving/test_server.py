@@ -120,7 +120,6 @@ def _mutations():
         ("batch_over_limit", setter("batch_size", 10_000), "max_batch_size"),
         ("empty_request", setter("batch_size", 0), "empty request"),
         ("raw_bytes_length", setter("sparse.values_raw", b"\x00" * 13), "not a multiple of 8"),
-        ("wrong_model", setter("model_name", "other"), "model_name"),
     ]  # fmt: skip
 
 
@@ -232,3 +231,15 @@ def test_fuzzed_requests_get_scores_or_invalid_argument(shared_server, req):
     else:
         assert len(resp.scores) == req.batch_size
     assert len(stub.Predict(encode_predict_request(*random_batch(1)), timeout=10).scores_raw) == 4
+
+
+def test_another_models_name_is_not_found_and_counted(shared_server):
+    dense, kjt = random_batch(2, seed=5)
+    req = encode_predict_request(dense, kjt, model_name="other")
+    stub = pb2_grpc.PredictorStub(grpc.insecure_channel(target(shared_server)))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(req, timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "model_name: 'other' is not served here (serving 'tiny')" in info.value.details()
+    counted = scrape(shared_server)["recserve_requests_total"]
+    assert counted[(("code", "NOT_FOUND"), ("method", "recserve.v1.Predictor/Predict"))] >= 1

@@ -16,7 +16,7 @@ def vbe_kjt(device: torch.device | str = "cpu") -> KeyedJaggedTensor:
         values=torch.arange(7, device=device),
         weights=torch.arange(7, dtype=torch.float32, device=device),
         lengths=torch.tensor([2, 0, 1, 3, 0, 1], device=device),
-        stride_per_key_per_rank=[[2, 1], [1], [1, 1]],
+        stride_per_key_per_rank=[[2, 1], [0, 1], [1, 1]],
     )
 
 
@@ -38,8 +38,9 @@ def test_kjt_permute_split_concat_on_cuda_match_cpu():
 
 
 def test_validation_on_cuda_reports_numbers():
+    jt = JaggedTensor(values=torch.arange(6, device=CUDA), lengths=torch.tensor([2, 3, 2], device=CUDA))
     with pytest.raises(ValueError, match="lengths sum to 7 but values has 6 elements"):
-        JaggedTensor(values=torch.arange(6, device=CUDA), lengths=torch.tensor([2, 3, 2], device=CUDA))
+        jt.validate()
 
 
 def test_pin_memory_and_non_blocking_copy():

@@ -77,22 +77,29 @@ def test_from_dense_and_from_dense_lengths():
 
 def test_empty():
     jt = JaggedTensor.empty(is_weighted=True, values_dtype=torch.int64)
-    assert jt.values().numel() == 0 and jt.lengths().numel() == 0 and jt.offsets().tolist() == [0]
+    assert jt.values().numel() == 0 and jt.lengths().numel() == 0 and jt.offsets().numel() == 0
     assert jt.weights().numel() == 0 and jt.values().dtype == torch.int64
-    assert jt.to_dense() == [] and jt.to_padded_dense().shape == (0, 0)
+    assert jt.offsets().dtype == torch.int32 and jt.to_dense() == []
+    no_rows = JaggedTensor.from_dense([])
+    assert no_rows.offsets().tolist() == [0] and no_rows.to_padded_dense().shape == (0, 0)
+
+
+def test_empty_like_keeps_dtypes():
+    like = JaggedTensor.empty_like(seed_jt(weights=VALUES.double()))
+    assert like.values().numel() == 0 and like.values().dtype == torch.float32
+    assert like.weights().dtype == torch.float64 and like.lengths().dtype == torch.int64
 
 
 def test_to_cpu_device_size_and_str():
     jt = seed_jt(weights=VALUES)
+    assert jt.size_in_bytes() == 6 * 4 + 6 * 4 + 3 * 8  # values, weights, lengths (no offsets yet)
     moved = jt.to("cpu")
     assert moved.device() == torch.device("cpu") and jt_is_equal(moved, jt)
-    assert jt.size_in_bytes() == 6 * 4 + 6 * 4 + 3 * 8
     assert str(jt) == (
-        "JaggedTensor({\n    values: [[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]],\n"
-        "    weights: [[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]\n})"
+        'JaggedTensor({\n    "values": [[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]],\n'
+        '    "weights": [[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]\n})\n'
     )
-    long = JaggedTensor(values=torch.arange(30), lengths=torch.ones(30, dtype=torch.int64))
-    assert "(10 more rows)" in repr(long)
+    assert repr(seed_jt()) == "JaggedTensor({\n    [[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]\n})\n"
 
 
 def test_jt_is_equal_detects_differences():

@@ -20,13 +20,13 @@ def seed_kjt(weighted: bool = False) -> KeyedJaggedTensor:
 
 
 def vbe_kjt() -> KeyedJaggedTensor:
-    """Key a has 3 rows (2 on rank 0, 1 on rank 1), key b 1 row, key c 2 rows."""
+    """Key a has 3 rows (2 on rank 0, 1 on rank 1), key b 1 row (rank 1), key c 2 rows (one per rank)."""
     return KeyedJaggedTensor(
         keys=["a", "b", "c"],
         values=torch.arange(7),
         weights=torch.arange(7, dtype=torch.float32),
         lengths=torch.tensor([2, 0, 1, 3, 0, 1]),
-        stride_per_key_per_rank=[[2, 1], [1], [1, 1]],
+        stride_per_key_per_rank=[[2, 1], [0, 1], [1, 1]],
     )
 
 
@@ -34,7 +34,7 @@ def test_seed_example_getitem():
     jt = seed_kjt()["user_features"]
     assert jt.lengths().tolist() == [2, 0, 1] and jt.values().tolist() == [11, 12, 21]
     assert seed_kjt()["item_features"].values().tolist() == [22, 23, 24, 25, 26]
-    with pytest.raises(KeyError, match="'nope' is not in this KeyedJaggedTensor"):
+    with pytest.raises(KeyError, match="key nope is not in this KeyedJaggedTensor"):
         seed_kjt()["nope"]
 
 
@@ -42,7 +42,7 @@ def test_accessors_of_fixed_stride():
     kjt = seed_kjt(weighted=True)
     assert kjt.keys() == KEYS and len(kjt) == 2
     assert kjt.stride() == 3 and kjt.stride_per_key() == [3, 3]
-    assert kjt.stride_per_key_per_rank() == [[3], [3]]
+    assert kjt.stride_per_key_per_rank() == []  # TorchRec's answer without a variable stride
     assert not kjt.variable_stride_per_key()
     assert kjt.length_per_key() == [3, 5] and kjt.offset_per_key() == [0, 3, 8]
     assert kjt.index_per_key() == {"user_features": 0, "item_features": 1}
@@ -65,17 +65,18 @@ def test_accessors_of_variable_stride():
     kjt = vbe_kjt()
     assert kjt.variable_stride_per_key()
     assert kjt.stride_per_key() == [3, 1, 2] and kjt.stride() == 3
-    assert kjt.stride_per_key_per_rank() == [[2, 1], [1], [1, 1]]
+    assert kjt.stride_per_key_per_rank() == [[2, 1], [0, 1], [1, 1]]
     assert kjt.length_per_key() == [3, 3, 1]
     assert kjt["b"].lengths().tolist() == [3] and kjt["b"].values().tolist() == [3, 4, 5]
     assert kjt["c"].lengths().tolist() == [0, 1] and kjt["c"].weights().tolist() == [6.0]
 
 
-def test_stride_per_key_shorthand():
+def test_stride_per_key_is_a_cache_not_a_variable_stride():
+    # As in TorchRec: stride_per_key caches per-key row counts; only stride_per_key_per_rank makes a VBE KJT.
     kjt = KeyedJaggedTensor(
-        keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2, 0]), stride_per_key=[1, 2]
+        keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key=[1, 1]
     )
-    assert kjt.stride_per_key_per_rank() == [[1], [2]] and kjt.variable_stride_per_key()
+    assert kjt.stride_per_key() == [1, 1] and not kjt.variable_stride_per_key()
 
 
 def test_to_dict_and_from_jt_dict_round_trip():
@@ -102,14 +103,14 @@ def test_split():
     assert first.keys() == ["user_features"] and first.lengths().tolist() == [2, 0, 1]
     assert second.values().tolist() == [22, 23, 24, 25, 26] and second.stride() == 3
     assert len(empty) == 0 and empty.stride() == 3 and empty.weights().numel() == 0
-    with pytest.raises(ValueError, match=r"segments \[1\] must be .* sum to the number of keys \(2\)"):
-        kjt.split([1])
+    assert kjt.split([2])[0] is kjt  # a segment of every key is the KJT itself, as in TorchRec
 
 
 def test_split_of_vbe_keeps_per_key_strides():
     a, bc = vbe_kjt().split([1, 2])
     assert a.stride_per_key_per_rank() == [[2, 1]] and a.values().tolist() == [0, 1, 2]
     assert bc.stride_per_key() == [1, 2] and bc.lengths().tolist() == [3, 0, 1]
+    assert a.stride() == bc.stride() == 3  # the parts keep the batch size of the whole
     assert bc.weights().tolist() == [3.0, 4.0, 5.0, 6.0]
 
 
@@ -122,15 +123,14 @@ def test_permute_reorders_and_drops_keys():
     assert swapped.weights().tolist() == pytest.approx([2.2, 2.3, 2.4, 2.5, 2.6, 1.1, 1.2, 2.1])
     only = kjt.permute([1], indices_tensor=torch.tensor([1], dtype=torch.int32))
     assert only.keys() == ["item_features"] and only.values().tolist() == [22, 23, 24, 25, 26]
-    with pytest.raises(ValueError, match=r"permute indices \[2\] are out of range for 2 keys"):
-        kjt.permute([0, 2])
-    with pytest.raises(ValueError, match="repeat a key"):
-        kjt.permute([0, 0])
+    twice = kjt.permute([1, 1])
+    assert twice.keys() == ["item_features"] * 2 and twice.length_per_key() == [5, 5]
+    assert twice.values().tolist() == [22, 23, 24, 25, 26] * 2
 
 
 def test_permute_of_vbe():
     kjt = vbe_kjt().permute([2, 0, 1])
-    assert kjt.keys() == ["c", "a", "b"] and kjt.stride_per_key_per_rank() == [[1, 1], [2, 1], [1]]
+    assert kjt.keys() == ["c", "a", "b"] and kjt.stride_per_key_per_rank() == [[1, 1], [2, 1], [0, 1]]
     assert kjt.lengths().tolist() == [0, 1, 2, 0, 1, 3]
     assert kjt.values().tolist() == [6, 0, 1, 2, 3, 4, 5]
     assert kjt.weights().tolist() == [6.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -146,9 +146,8 @@ def test_concat():
     assert mixed["x"].values().tolist() == [7]
     with_no_keys = KeyedJaggedTensor.concat([KeyedJaggedTensor.empty(lengths_dtype=torch.int64), kjt])
     assert not with_no_keys.variable_stride_per_key() and with_no_keys.stride() == 3
-    with pytest.raises(ValueError, match=r"\['user_features'\] appear more than once"):
-        KeyedJaggedTensor.concat([kjt, user])
-    with pytest.raises(ValueError, match="cannot combine weighted and unweighted"):
+    assert KeyedJaggedTensor.concat([kjt, user]).keys() == [*KEYS, "user_features"]  # repeats allowed
+    with pytest.raises(ValueError, match="cannot concat weighted and unweighted"):
         KeyedJaggedTensor.concat([seed_kjt(weighted=True).split([1, 1])[0], item])
     with pytest.raises(ValueError, match="at least one"):
         KeyedJaggedTensor.concat([])
@@ -165,10 +164,16 @@ def test_sync_unsync_and_from_sync_constructors():
 def test_empty_and_empty_like():
     empty = KeyedJaggedTensor.empty(is_weighted=True)
     assert empty.keys() == [] and empty.stride() == 0 and empty.weights().numel() == 0
-    assert empty.to_dict() == {} and str(empty) == "KeyedJaggedTensor()"
+    assert empty.to_dict() == {} and str(empty) == "KeyedJaggedTensor()\n"
     like = KeyedJaggedTensor.empty_like(seed_kjt(weighted=True))
     assert like.keys() == [] and like.stride() == 3 and like.weights_or_none() is not None
     assert like.values().dtype == torch.int64
+    vbe_like = KeyedJaggedTensor.empty_like(vbe_kjt())
+    assert vbe_like.variable_stride_per_key() and vbe_like.stride_per_key_per_rank() == [
+        [2, 1],
+        [0, 1],
+        [1, 1],
+    ]
 
 
 def test_inverse_indices():
@@ -180,12 +185,13 @@ def test_inverse_indices():
         stride_per_key_per_rank=[[2], [1]],
         inverse_indices=(["a", "b"], inv),
     )
-    assert kjt.inverse_indices()[1] is inv
-    assert kjt.permute([1, 0]).inverse_indices()[1].tolist() == [[0, 1, 1], [0, 0, 1]]
-    inv_keys, inv_b = kjt.split([1, 1])[1].inverse_indices()
-    assert inv_keys == ["b"] and inv_b.tolist() == [[0, 1, 1]]
+    assert kjt.inverse_indices()[1] is inv and kjt.stride() == 3  # the batch is the inverse indices' width
+    assert kjt.to("cpu").inverse_indices()[1].tolist() == inv.tolist()
+    both = KeyedJaggedTensor.concat([kjt, kjt])
+    assert both.inverse_indices()[0] == ["a", "b", "a", "b"] and both.inverse_indices()[1].shape == (4, 3)
+    assert kjt.permute([1, 0]).inverse_indices_or_none() is None  # TorchRec drops them on permute
     assert seed_kjt().inverse_indices_or_none() is None
-    with pytest.raises(RecTrainError, match="no inverse_indices"):
+    with pytest.raises(ValueError, match="no inverse_indices"):
         seed_kjt().inverse_indices()
 
 
@@ -197,9 +203,9 @@ def test_to_cpu_dtype_size_and_str():
     assert kjt.size_in_bytes() == 8 * 8 + 8 * 4 + 6 * 8
     assert str(seed_kjt()) == (
         'KeyedJaggedTensor({\n    "user_features": [[11, 12], [], [21]],\n'
-        '    "item_features": [[22], [23], [24, 25, 26]]\n})'
+        '    "item_features": [[22], [23], [24, 25, 26]]\n})\n'
     )
-    assert "weights [[1.1" in str(kjt)
+    assert '"weights": [[1.1' in str(kjt)
 
 
 def test_kjt_is_equal_detects_differences():

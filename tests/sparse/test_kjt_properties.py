@@ -15,7 +15,7 @@ def test_build_and_read_back(data):
     assert model_of(kjt) == model
     assert kjt.length_per_key() == [sum(len(r) for r in rows) for rows in model.values()]
     assert kjt.stride_per_key() == [len(rows) for rows in model.values()]
-    assert kjt.variable_stride_per_key() == (variable and bool(model))  # no keys: nothing varies
+    assert kjt.variable_stride_per_key() == variable
 
 
 @given(data=kjt_models(), st_data=st.data())
@@ -68,7 +68,8 @@ def test_to_dict_from_jt_dict_round_trip(data):
     jts = kjt.to_dict()
     assert {k: [t.tolist() for t in jt.to_dense()] for k, jt in jts.items()} == model
     for key, jt in jts.items():
-        assert jt_is_equal(jt, kjt[key])
+        # A key without rows gets empty offsets from to_dict (TorchRec's behaviour), [0] from kjt[key].
+        assert jt_is_equal(jt, kjt[key]) or (jt.lengths().numel() == 0 and kjt[key].lengths().numel() == 0)
     rebuilt = KeyedJaggedTensor.from_jt_dict(jts)
     assert model_of(rebuilt) == model
     if model:

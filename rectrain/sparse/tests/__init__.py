@@ -1,0 +1,1 @@
+"""Helpers at the import path of TorchRec's ``torchrec.sparse.tests`` (used by tests written for TorchRec)."""
