@@ -11,13 +11,20 @@ are Gaussian per (token of column a, token of column b), an interaction no first
 effects are linear in log1p of the count, or a bump (highest in the middle of the range) that a linear model
 misses. ``best_auc`` is the AUC of the true probabilities on the held-out rows: what no model can beat.
 
-    python bench/foreign_criteo.py [RULE ...]     # writes /tmp/foreign/<rule>/{train,test}.tsv
+    python bench/foreign_criteo.py gen [RULE ...]     # writes /tmp/foreign/<rule>/{train,test}.tsv
+    python bench/foreign_criteo.py run RECIPE RULE    # the README's command on them, vs best and plain
+
+``run`` trains ``examples/RECIPE`` with ``rectrain train`` (one epoch, the held-out file as
+``data.eval_paths``) and prints its held-out AUC next to the rule's best and bench/recipes.py's plain model
+(one epoch at batch 1,024).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +55,9 @@ class Rule:
     dense_tail: str = "exponential"  # or "lognormal": counts up to millions
     dense_missing: float = 0.1
     cat_missing: float = 0.03
-    missing_effect: bool = False  # an empty integer has its own effect (else: that of a 0, as the reader reads it)
+    missing_effect: bool = (
+        False  # an empty integer has its own effect (else: that of a 0, as the reader reads it)
+    )
     bias: float = -1.2
     scale: float = 1.0
     seed: int = 0
@@ -76,7 +85,9 @@ RULES = {
             scale=0.5,
         ),
         # Many large long-tailed columns: much of the signal sits in tokens seen a few times.
-        Rule("wide", _cards(50_000, 200_000, 3_000, 20_000, 400), zipf=1.05, token_std=0.7, scale=0.7, seed=1),
+        Rule(
+            "wide", _cards(50_000, 200_000, 3_000, 20_000, 400), zipf=1.05, token_std=0.7, scale=0.7, seed=1
+        ),
         # Interactions carry as much signal as first-order effects.
         Rule(
             "pairs",
@@ -114,7 +125,9 @@ class _Draw:
     def __init__(self, rule: Rule) -> None:
         g = torch.Generator().manual_seed(1000 + rule.seed)
         self.hexes = [torch.randint(0, 2**32, (c,), generator=g, dtype=torch.int64) for c in rule.cardinality]
-        std = [rule.token_std * (1.0 if not rule.strong or j in rule.strong else rule.weak) for j in range(26)]
+        std = [
+            rule.token_std * (1.0 if not rule.strong or j in rule.strong else rule.weak) for j in range(26)
+        ]
         self.effects = [torch.randn(c, generator=g) * s for c, s in zip(rule.cardinality, std)]
         self.pairs = [
             torch.randn(rule.cardinality[a], rule.cardinality[b], generator=g) * rule.pair_std
@@ -192,7 +205,7 @@ def generate(rule: Rule, out: Path = OUT) -> dict:
     where.mkdir(parents=True, exist_ok=True)
     write_rows(rule, where / "train.tsv", rule.train_rows, seed=10 * rule.seed + 1)
     p = write_rows(rule, where / "test.tsv", rule.test_rows, seed=10 * rule.seed + 2)
-    labels = torch.tensor([int(line[0]) for line in open(where / "test.tsv")])
+    labels = torch.tensor([int(line[0]) for line in (where / "test.tsv").read_text().splitlines()])
     facts = {
         "rule": asdict(rule),
         "best_auc": auc_of(p, labels),
@@ -204,10 +217,49 @@ def generate(rule: Rule, out: Path = OUT) -> dict:
     return facts
 
 
+def recipe_auc(recipe: str, facts: dict, out: Path) -> float:
+    """The README's command line on the rule's files; the final held-out AUC from its metrics log."""
+    log = out / "metrics.jsonl"
+    log.unlink(missing_ok=True)
+    sets = [
+        f'data.paths=["{facts["train"]}"]',
+        f'data.eval_paths=["{facts["test"]}"]',
+        f"train.eval_batches={facts['rule']['test_rows'] // 512 + 1}",
+        f'train.metrics_log="{log}"',
+        f'checkpoint.dir="{out / "checkpoints"}"',
+    ]
+    command = [sys.executable, "-m", "rectrain", "train", "--config", f"examples/{recipe}", "--no-progress"]
+    command += ["--overwrite", *(arg for s in sets for arg in ("--set", s))]
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    evals = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "eval"]
+    return evals[-1]["auc"]
+
+
+def plain_reference(facts: dict) -> float:
+    """bench/recipes.py's plain PyTorch model, one epoch at batch 1,024."""
+    import recipes
+
+    train, test = recipes.read(Path(facts["train"])), recipes.read(Path(facts["test"]))
+    return recipes.plain_auc(train, test, steps=math.ceil(len(train[0]) / 1024))
+
+
 def main(argv: list[str]) -> None:
-    for name in argv or list(RULES):
+    sys.path.insert(0, str(Path(__file__).parent))  # bench/machine.py, bench/recipes.py
+    from machine import machine_line
+
+    if argv[:1] == ["run"]:
+        recipe, name = argv[1], argv[2]
+        print(machine_line())
         facts = generate(RULES[name])
-        print(f"{name}: best possible held-out AUC {facts['best_auc']:.4f}, click rate {facts['test_ctr']:.3f}")
+        ours, plain = recipe_auc(recipe, facts, OUT / name), plain_reference(facts)
+        print(
+            f"{recipe} on {name}: held-out AUC {ours:.4f}; plain model {plain:.4f}; "
+            f"best possible {facts['best_auc']:.4f} (gap {facts['best_auc'] - ours:.4f})"
+        )
+        return
+    for name in argv[1:] or list(RULES):
+        facts = generate(RULES[name])
+        print(f"{name}: best possible AUC {facts['best_auc']:.4f}, click rate {facts['test_ctr']:.3f}")
 
 
 if __name__ == "__main__":
