@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -219,8 +220,10 @@ def generate(rule: Rule, out: Path = OUT) -> dict:
 
 def recipe_auc(recipe: str, facts: dict, out: Path) -> float:
     """The README's command line on the rule's files; the final held-out AUC from its metrics log."""
+    out = out / Path(recipe).stem
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: no checkpoint of an earlier one to resume
+    out.mkdir(parents=True)
     log = out / "metrics.jsonl"
-    log.unlink(missing_ok=True)
     sets = [
         f'data.paths=["{facts["train"]}"]',
         f'data.eval_paths=["{facts["test"]}"]',
