@@ -53,7 +53,10 @@ def resolve_device(config: RunConfig, env: ShardingEnv | None) -> torch.device:
 
 
 def fused_optimizer_config(config: RunConfig) -> FusedOptimizerConfig:
-    return FusedOptimizerConfig(optimizer=config.optimizer.sparse, lr=config.optimizer.sparse_lr)
+    opt = config.optimizer
+    return FusedOptimizerConfig(
+        optimizer=opt.sparse, lr=opt.sparse_lr, eps=opt.sparse_eps, weight_decay=opt.sparse_weight_decay
+    )
 
 
 def build_train_module(config: RunConfig, device: torch.device | None = None) -> nn.Module:

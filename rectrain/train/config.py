@@ -80,7 +80,9 @@ class DataConfig:
 class OptimizerConfig:
     """The fused embedding optimizer (runs inside backward), the dense parameters' optimizer, the schedule.
 
-    ``max_grad_norm`` clips the dense gradients' total norm (embeddings update inside backward, unclipped).
+    ``sparse_eps`` / ``sparse_weight_decay``: the fused optimizer's eps and weight decay (TorchRec's
+    ``fused_params``). ``max_grad_norm`` clips the dense gradients' total norm (embeddings update inside
+    backward, unclipped).
     The learning-rate schedule scales ``sparse_lr`` and ``dense_lr`` alike: linear warm-up from
     ``warmup_start`` (a fraction of the rate) over ``warmup_steps``, then ``decay`` (``constant``,
     ``linear``, ``polynomial`` with ``decay_power``, ``cosine``) from ``decay_start`` (default: the end of
@@ -89,6 +91,8 @@ class OptimizerConfig:
 
     sparse: str = field(default="rowwise_adagrad", metadata=choices(*SPARSE_OPTIMIZERS))
     sparse_lr: float = field(default=0.05, metadata=positive())
+    sparse_eps: float = field(default=1e-8, metadata=positive())
+    sparse_weight_decay: float = field(default=0.0, metadata=non_negative())
     dense: str = field(default="adagrad", metadata=choices(*DENSE_OPTIMIZERS))
     dense_lr: float = field(default=0.05, metadata=positive())
     dense_weight_decay: float = field(default=0.0, metadata=non_negative())

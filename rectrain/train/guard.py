@@ -3,7 +3,9 @@
 Two signs, checked at the points where the loop already has the number: a training loss that is NaN or
 infinite (every step; one tiny all-reduce so every rank stops at the same step), and a held-out AUC that fell
 back to chance (``|auc - 0.5| < collapse_margin``) after an evaluation had shown the model learning (AUC at
-least ``0.5 + learned_margin``). Either raises ``TrainingDiverged`` naming the step and the fix; the caller
+least ``0.5 + learned_margin``), or a held-out AUC at chance with a normalized entropy above ``ne_limit``: the
+predictions are confidently wrong, worse than the click rate alone (a rate ten times too high does this
+from the first steps, without a NaN). Each raises ``TrainingDiverged`` naming the step and the fix; the caller
 then skips its checkpoint, so the last checkpoint on disk is the last good one.
 """
 
@@ -33,10 +35,13 @@ class DivergenceGuard:
         last_good_step: int | None = None,
         learned_margin: float = 0.05,
         collapse_margin: float = 0.01,
+        ne_limit: float = 1.5,
     ) -> None:
         self._agreement = agreement
         self.last_good_step = last_good_step
         self.learned_margin, self.collapse_margin = learned_margin, collapse_margin
+        # A model with no signal to find predicts about the click rate (NE near 1); far above 1 it is broken.
+        self.ne_limit = ne_limit
         self._best_auc: float | None = None
 
     def check_loss(self, step: int, loss: Tensor) -> None:
@@ -57,6 +62,11 @@ class DivergenceGuard:
         at_chance = abs(auc - 0.5) < self.collapse_margin
         if learned and at_chance:
             self._raise(step, f"held-out AUC collapsed to {auc:.4f} (it was {self._best_auc:.4f})")
+        ne = metrics.get("ne")
+        if at_chance and ne is not None and ne > self.ne_limit:
+            self._raise(
+                step, f"held-out AUC is {auc:.4f} and NE {ne:.2f} (worse than predicting the click rate)"
+            )
         if at_chance:  # never learned: a rate too high from the start looks like this (or labels are noise)
             logger.warning(
                 "held-out AUC is %.4f at step %d: the model is not learning; if the data has signal, %s",

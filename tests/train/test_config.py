@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rectrain.errors import ConfigError
+from rectrain.train.build import build_train_module
 from rectrain.train.config import RunConfig, TrainConfig
 from rectrain.train.schema import apply_overrides, parse_override, read_section
 
@@ -43,9 +44,18 @@ def test_every_shipped_example_loads(name):
     assert config.model.tables and config.train.batch_size >= 1
 
 
-def test_the_examples_cover_the_three_documented_runs():
+def test_the_examples_cover_the_four_documented_runs():
     names = {p.name for p in EXAMPLES.glob("*.toml")}
-    assert {"dlrm_synthetic.toml", "dlrm_criteo.toml", "two_tower_movielens.toml"} <= names
+    assert {"dlrm_synthetic.toml", "dlrm_criteo.toml", "dcn_criteo.toml", "two_tower_movielens.toml"} <= names
+
+
+def test_sparse_eps_and_weight_decay_reach_the_fused_embedding_optimizer():
+    overrides = ["optimizer.sparse_eps=0.001", "optimizer.sparse_weight_decay=0.01"]
+    model = build_train_module(RunConfig.load(EXAMPLES / "dlrm_synthetic.toml", overrides))
+    groups = [m.fused_optimizer.param_groups[0] for m in model.modules() if hasattr(m, "fused_optimizer")]
+    assert groups and all(g["eps"] == 0.001 and g["weight_decay"] == 0.01 for g in groups)
+    with pytest.raises(ConfigError, match="optimizer.sparse_eps"):
+        RunConfig.load(EXAMPLES / "dlrm_synthetic.toml", ["optimizer.sparse_eps=0.0"])
 
 
 def test_a_bad_type_names_file_key_and_expected_type(tmp_path):

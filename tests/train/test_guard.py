@@ -23,7 +23,11 @@ def test_a_huge_learning_rate_stops_the_run_and_keeps_the_last_good_checkpoint(t
     assert saved and max(saved) < step < 40
     assert f"the last good checkpoint (step {max(saved)}) is kept. Fix: lower optimizer.sparse_lr" in message
     resumed = TrainJob(synthetic(tmp_path, "optimizer.dense=sgd", "train.steps=1"), progress_bar=False)
-    assert resumed.run().start.step == max(saved)
+    try:
+        assert resumed.run().start.step == max(saved)
+    except TrainingDiverged as again:  # the saved state's loss was finite, its predictions may be far off
+        message = str(again)
+        assert f"at step {max(saved)}: held-out AUC is" in message and "worse than predicting" in message
 
 
 def test_a_nan_loss_raises_and_a_finite_one_does_not():
@@ -47,3 +51,13 @@ def test_an_auc_collapse_after_learning_raises_but_chance_from_the_start_only_wa
         TrainingDiverged, match=r"at step 30: held-out AUC collapsed to 0.5010 \(it was 0.6200\)"
     ):
         guard.check_eval(30, {"auc": 0.501})
+
+
+def test_chance_auc_with_confidently_wrong_predictions_raises_from_the_start():
+    guard = DivergenceGuard(RankAgreement(None))
+    guard.check_eval(10, {"auc": 0.501, "ne": 1.02})  # no signal found yet: a warning, not a stop
+    with pytest.raises(
+        TrainingDiverged, match=r"at step 20: held-out AUC is 0.4990 and NE 7.30 \(worse than"
+    ) as caught:
+        guard.check_eval(20, {"auc": 0.499, "ne": 7.3})
+    assert "\n" not in str(caught.value) and "Fix: lower optimizer.sparse_lr" in str(caught.value)
