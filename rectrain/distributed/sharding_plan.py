@@ -109,3 +109,7 @@ def construct_module_sharding_plan(
         validate_sharding(name, sharding, (table.num_embeddings, table.embedding_dim), world_size, local_size)
         plan[name] = sharding
     return plan
+
+
+# TorchRec's path for the default sharders (``torchrec.distributed.sharding_plan.get_default_sharders``).
+from rectrain.distributed.sharders import get_default_sharders as get_default_sharders  # noqa: E402

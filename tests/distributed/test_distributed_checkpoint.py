@@ -16,9 +16,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from rectrain.distributed import DistributedModelParallel
+from rectrain.distributed.model_parallel import DistributedModelParallel
+from rectrain.distributed.planner import EmbeddingShardingPlanner, Topology
+from rectrain.distributed.planner.types import ParameterConstraints
 from rectrain.embedding.config import FusedOptimizerConfig
-from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from tests.distributed.multiprocess import run_multiprocess
 
 TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"]

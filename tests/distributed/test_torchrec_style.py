@@ -20,8 +20,9 @@ from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from rectrain.distributed import DistributedModelParallel
-from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from rectrain.distributed.model_parallel import DistributedModelParallel
+from rectrain.distributed.planner import EmbeddingShardingPlanner, Topology
+from rectrain.distributed.planner.types import ParameterConstraints
 from tests.distributed.multiprocess import run_multiprocess
 
 SHARDING_TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"]

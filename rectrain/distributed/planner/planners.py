@@ -1,0 +1,5 @@
+"""``torchrec.distributed.planner.planners`` at rectrain's path."""
+
+from rectrain.planner.planner import EmbeddingShardingPlanner
+
+__all__ = ["EmbeddingShardingPlanner"]

@@ -1,0 +1,7 @@
+"""``torchrec.distributed.planner.types`` at rectrain's path: the planner's inputs and its error."""
+
+from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.errors import PlannerError
+from rectrain.planner.topology import Topology
+
+__all__ = ["ParameterConstraints", "PlannerError", "Topology"]

@@ -1,0 +1,66 @@
+"""TorchRec's sharder objects, reduced to what rectrain reads from them: the sharding types they offer.
+
+TorchRec code passes ``sharders=[EmbeddingBagCollectionSharder()]`` to the planner and to
+``DistributedModelParallel``; rectrain shards every collection itself, so a sharder here only narrows the
+sharding types and compute kernels the planner may pick. TorchRec's ``fused_params`` configure the fused
+optimizer; rectrain keeps that on the collection (``fused_optimizer=``), so a sharder given them refuses
+instead of silently training with another optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
+from rectrain.embedding.embedding_collection import EmbeddingCollection
+from rectrain.errors import ConfigError
+from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+
+
+class BaseEmbeddingSharder:
+    """Offers every sharding type rectrain plans (TorchRec's CPU sharders offer data-parallel, table-wise and
+    column-wise only) and, per type, the kernel rectrain runs it with."""
+
+    module_type: type[nn.Module] = nn.Module
+
+    def __init__(self, fused_params: dict[str, Any] | None = None, qcomm_codecs_registry: Any = None) -> None:
+        if fused_params:
+            raise ConfigError(
+                f"{type(self).__name__}(fused_params=...): rectrain configures the fused optimizer on the "
+                "collection: EmbeddingBagCollection(..., fused_optimizer=FusedOptimizerConfig(...))"
+            )
+        if qcomm_codecs_registry:
+            raise ConfigError(
+                f"{type(self).__name__}(qcomm_codecs_registry=...): rectrain's collectives are not quantized"
+            )
+        self.fused_params: dict[str, Any] | None = None
+        self.qcomm_codecs_registry = None
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        """The sharding types the planner may pick for this sharder's module type (TorchRec's values)."""
+        return [t.value for t in ShardingType]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        """Data-parallel tables train densely (their gradient is all-reduced); others use the fused kernel."""
+        if str(sharding_type) == ShardingType.DATA_PARALLEL.value:
+            return [EmbeddingComputeKernel.DENSE.value]
+        return [EmbeddingComputeKernel.FUSED.value]
+
+
+class EmbeddingBagCollectionSharder(BaseEmbeddingSharder):
+    """``torchrec.distributed.embeddingbag.EmbeddingBagCollectionSharder``."""
+
+    module_type = EmbeddingBagCollection
+
+
+class EmbeddingCollectionSharder(BaseEmbeddingSharder):
+    """``torchrec.distributed.embedding.EmbeddingCollectionSharder``."""
+
+    module_type = EmbeddingCollection
+
+
+def get_default_sharders() -> list[BaseEmbeddingSharder]:
+    """One sharder per collection type, as ``torchrec.distributed.sharding_plan.get_default_sharders``."""
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]

@@ -1,0 +1,7 @@
+"""``torchrec.distributed.types`` at rectrain's path: the plan's vocabulary and the world a rank runs in."""
+
+from rectrain.distributed.env import ShardingEnv
+from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.types import ParameterSharding, ShardingType
+
+__all__ = ["ParameterSharding", "ShardingEnv", "ShardingPlan", "ShardingType"]
