@@ -104,16 +104,23 @@ def retrieval_scores(query_embeddings: Tensor, candidate_embeddings: Tensor) -> 
     return query_embeddings @ candidate_embeddings.t()
 
 
-def recall_at_k(scores: Tensor, positive_index: Tensor, k: int) -> float:
+def recall_at_k(
+    scores: Tensor, positive_index: Tensor, k: int, candidate_items: Tensor | None = None
+) -> float:
     """Fraction of queries whose positive candidate ranks in the top ``k`` of its row of ``scores [Q, C]``.
 
     Rank counts the candidates scored higher than the positive plus those tied with it (pessimistic), so a
-    model that scores everything equally gets no credit for k < C.
+    model that scores everything equally gets no credit for k < C. ``candidate_items [C]`` (int ids, e.g.
+    ``torch.unique(..., return_inverse=True)``'s inverse) says which candidates are the same item: then the
+    rank is among distinct items, so a copy of the positive's own item (a popular movie liked twice in one
+    in-batch evaluation) never counts against it, and another item counts once, at its best score.
     """
-    return float(recall_hits(scores, positive_index, k).to(torch.float64).mean())
+    return float(recall_hits(scores, positive_index, k, candidate_items).to(torch.float64).mean())
 
 
-def recall_hits(scores: Tensor, positive_index: Tensor, k: int) -> Tensor:
+def recall_hits(
+    scores: Tensor, positive_index: Tensor, k: int, candidate_items: Tensor | None = None
+) -> Tensor:
     """Per query, whether its positive is in the top ``k`` (bool ``[Q]``); see ``recall_at_k``."""
     if scores.dim() != 2:
         raise ValueError(f"scores must be [Q, C], got shape {tuple(scores.shape)}")
@@ -128,5 +135,22 @@ def recall_hits(scores: Tensor, positive_index: Tensor, k: int) -> Tensor:
     ):
         raise ValueError(f"positive_index must be in [0, {scores.shape[1]})")
     positive = scores.gather(1, positive_index[:, None])
+    if candidate_items is not None:
+        scores = _best_score_per_item(scores, candidate_items)
+    # The positive's own item (or the positive itself) is among those >= it: not counted
     rank = (scores >= positive).sum(dim=1) - 1
     return rank < k
+
+
+def _best_score_per_item(scores: Tensor, candidate_items: Tensor) -> Tensor:
+    """``[Q, items]``: each query's highest score over the copies of each distinct item."""
+    if candidate_items.shape != (scores.shape[1],):
+        raise ValueError(
+            f"candidate_items must hold one item id per candidate ({scores.shape[1]}), "
+            f"got shape {tuple(candidate_items.shape)}"
+        )
+    _, items = torch.unique(candidate_items, return_inverse=True)
+    index = items.to(scores.device)[None, :].expand_as(scores)
+    width = int(items.max()) + 1 if items.numel() else 0
+    best = scores.new_full((scores.shape[0], width), float("-inf"))
+    return best.scatter_reduce(1, index, scores, reduce="amax")

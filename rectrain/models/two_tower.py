@@ -111,6 +111,19 @@ def _check_features(name: str, features: Sequence[str] | None, dims: dict[str, i
     return features
 
 
+def candidate_items(two_tower: TwoTower, kjt: KeyedJaggedTensor) -> Tensor:
+    """One int id per example naming its candidate item: examples with equal candidate features (ids, in
+    order, of every candidate feature) get equal ids. Recall@K ranks among distinct items with it."""
+    columns = []
+    for feature in two_tower.candidate_features:
+        jagged = kjt[feature]
+        columns += [jagged.lengths().to(torch.int64)[:, None], jagged.to_padded_dense().to(torch.int64)]
+    keys = torch.cat(columns, dim=1)
+    if keys.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=keys.device)
+    return torch.unique(keys, dim=0, return_inverse=True)[1]
+
+
 def positive_mask(labels: Tensor) -> Tensor:
     """Which examples are positive pairs: ``label > 0`` when labels are binary (all 0/1), else all of them."""
     labels = labels.reshape(-1)
@@ -183,13 +196,14 @@ class TwoTowerTrainTask(nn.Module):
 
 @torch.no_grad()
 def evaluate_recall_at_k(model: nn.Module, batches: Iterable[Batch], k: int) -> float:
-    """Recall@K over ``batches``: per positive pair, is its candidate in the top K of the batch's candidates.
+    """Recall@K over ``batches``: per positive pair, is its item in the top K of the batch's candidate items.
 
     ``model`` is a ``TwoTower`` or a module holding one (``TwoTowerTrainTask``, ``TwoTowerPrediction``, or
     either under ``DistributedModelParallel``'s ``.module``). The candidates of a batch are its positive
-    pairs' candidates, so chance level is about ``k / positives per batch``; tied scores count against the
-    query (``recall_at_k``), so duplicate candidates in a batch lower the recall a little. Returns the mean
-    over all positive pairs seen (0.0 if there were none).
+    pairs' distinct items (``candidate_items``), so chance level is about ``k / distinct items per batch``;
+    another item tied with the positive counts against the query (``recall_at_k``), so constant towers get
+    no credit, while copies of the query's own item do not. Returns the mean over all positive pairs seen
+    (0.0 if there were none).
     """
     two_tower = _find_two_tower(model)
     hits, total = 0.0, 0
@@ -201,7 +215,8 @@ def evaluate_recall_at_k(model: nn.Module, batches: Iterable[Batch], k: int) -> 
             continue
         positives = torch.arange(query.shape[0], device=query.device)
         scores = retrieval_scores(query, candidate)
-        hits += recall_at_k(scores, positives, k) * query.shape[0]
+        items = candidate_items(two_tower, batch.sparse_features)[keep]
+        hits += recall_at_k(scores, positives, k, items) * query.shape[0]
         total += query.shape[0]
     return hits / total if total else 0.0
 

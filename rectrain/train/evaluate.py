@@ -1,7 +1,7 @@
 """One evaluation pass over held-out batches: AUC, NE, log loss, accuracy, calibration (and recall@K).
 
 Scores are ``sigmoid(prediction_model(dense, kjt))``. A two-tower model is also scored for retrieval:
-recall@K of each positive pair's candidate among the batch's positive candidates (as
+recall@K of each positive pair's item among the batch's distinct positive candidate items (as
 ``rectrain.models.two_tower.evaluate_recall_at_k``), summed over every rank's batches. Every rank must call
 ``evaluate`` at the same step (metrics and sharded lookups are collectives); the rank with the fewest
 held-out batches ends the pass for all.
@@ -19,7 +19,7 @@ from rectrain.distributed.timeouts import collective
 from rectrain.metrics import MetricsComputer
 from rectrain.metrics.functional import recall_hits, retrieval_scores
 from rectrain.models.batch import Batch
-from rectrain.models.two_tower import TwoTower, positive_mask
+from rectrain.models.two_tower import TwoTower, candidate_items, positive_mask
 from rectrain.train.sync import AgreedBatches, RankAgreement
 
 
@@ -30,13 +30,13 @@ class _RecallAtK:
         self.k = k
         self.sums = torch.zeros(2, dtype=torch.float64)  # hits, pairs
 
-    def update(self, query: Tensor, candidate: Tensor, labels: Tensor) -> None:
+    def update(self, query: Tensor, candidate: Tensor, items: Tensor, labels: Tensor) -> None:
         keep = positive_mask(labels)
-        query, candidate = query[keep], candidate[keep]
+        query, candidate, items = query[keep], candidate[keep], items[keep]
         if query.shape[0] == 0:
             return
         positives = torch.arange(query.shape[0], device=query.device)
-        hits = recall_hits(retrieval_scores(query, candidate), positives, self.k).sum().cpu()
+        hits = recall_hits(retrieval_scores(query, candidate), positives, self.k, items).sum().cpu()
         self.sums += torch.tensor([float(hits), float(query.shape[0])], dtype=torch.float64)
 
     def compute(self) -> float:
@@ -72,7 +72,8 @@ def evaluate(
             if two_tower is not None:
                 query, candidate = two_tower(batch.sparse_features)
                 logits = (query * candidate).sum(dim=1)
-                recall.update(query, candidate, batch.labels)
+                items = candidate_items(two_tower, batch.sparse_features)
+                recall.update(query, candidate, items, batch.labels)
             else:
                 logits = prediction_model(batch.dense_features, batch.sparse_features).reshape(-1)
             computer.update(torch.sigmoid(logits.float()), batch.labels.reshape(-1))

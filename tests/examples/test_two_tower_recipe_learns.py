@@ -1,7 +1,9 @@
 """The two-tower MovieLens recipe learns: on MovieLens-format ratings from a hidden taste model, its
 held-out recall@10 after two epochs on 1 and 2 ranks reaches a plain-PyTorch reference's (two ``nn.Embedding``
 of dim 64, MLP towers 128-64, Adam 1e-3, in-batch softmax over the liked pairs) trained on the same rows,
-less 0.01.
+less 0.01. Both are measured alike: a liked pair's movie ranked among the distinct movies of its batch's liked
+pairs (400 movies, ~470 liked pairs a batch: a popular movie appears several times, and counting its copies
+as ties against it, as the recipe's evaluation once did, read the plain model's 0.185 as 0.023).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from rectrain.metrics.functional import recall_hits
 from rectrain.train.config import RunConfig
 from rectrain.train.job import TrainJob
 from tests.distributed.multiprocess import run_multiprocess
@@ -66,8 +69,8 @@ def plain_reference_recall(train_path, eval_path, batch_size):
         for start in range(0, len(ids), batch_size):
             pos = ids[start : start + batch_size][liked[start : start + batch_size]]
             scores = query(pos[:, 0]) @ candidate(pos[:, 1]).t()
-            own = scores.diagonal()[:, None]
-            hits += int(((scores > own).sum(1) < K).sum())
+            # The recipe's metric: rank among the batch's distinct movies, ties with another movie against
+            hits += int(recall_hits(scores, torch.arange(len(pos)), K, candidate_items=pos[:, 1]).sum())
             pairs += len(pos)
     return hits / pairs
 
@@ -77,10 +80,6 @@ def _train_rank(env, config):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14, open: the recipe reaches recall@10 ~0.075 where the plain reference reaches ~0.117",
-)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_two_tower_recipe_reaches_the_plain_reference(tmp_path, world_size):
     train_path, eval_path = write_ratings(tmp_path)

@@ -98,6 +98,42 @@ def test_recall_at_k_hand_example():
     assert recall_at_k(scores, positive, 4) == 1.0
 
 
+def test_recall_at_k_ranks_among_distinct_items():
+    # candidates 0 and 2 are the same item (a movie two users liked), as are 1 and 3
+    items = torch.tensor([5, 9, 5, 9])
+    scores = torch.tensor(
+        [
+            [0.5, 0.4, 0.5, 0.1],  # positive 0: its own item's copy tied with it, item 9 below
+            [0.7, 0.2, 0.3, 0.8],  # positive 3: item 5 (best copy 0.7) below it, its own copy 0.2 ignored
+            [0.4, 0.4, 0.4, 0.4],  # positive 2: tied with item 9: counts against it (pessimistic)
+        ]
+    )
+    positive = torch.tensor([0, 3, 2])
+    assert recall_at_k(scores, positive, 1) == pytest.approx(1 / 3)  # without items: the copy counts
+    assert recall_at_k(scores, positive, 2) == pytest.approx(2 / 3)
+    assert recall_at_k(scores, positive, 1, items) == pytest.approx(2 / 3)
+    assert recall_at_k(scores, positive, 2, items) == 1.0
+    with pytest.raises(ValueError, match="candidate_items"):
+        recall_at_k(scores, positive, 1, items[:3])
+
+
+@given(
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.integers(1, 8),
+    st.integers(0, 2**31 - 1),
+)
+def test_recall_at_k_with_distinct_items_is_plain_recall(queries, candidates, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, 4, (queries, candidates), generator=g).float()  # ties are common
+    positive = torch.randint(0, candidates, (queries,), generator=g)
+    items = torch.randperm(candidates, generator=g) * 3
+    assert recall_at_k(scores, positive, k, items) == recall_at_k(scores, positive, k)
+    # Copying every candidate (each item twice) changes nothing either
+    doubled = torch.cat([scores, scores], dim=1)
+    assert recall_at_k(doubled, positive, k, torch.cat([items, items])) == recall_at_k(scores, positive, k)
+
+
 def test_recall_at_k_from_embeddings_in_batch_positives():
     queries = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     candidates = torch.tensor([[2.0, 0.0], [1.0, 0.5]])  # query 1 prefers candidate 1: its positive

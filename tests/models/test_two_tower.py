@@ -18,7 +18,7 @@ from rectrain.models import (
     evaluate_recall_at_k,
     in_batch_softmax_loss,
 )
-from rectrain.models.two_tower import positive_mask
+from rectrain.models.two_tower import candidate_items, positive_mask
 
 
 def _hand_softmax_loss(q, c, temperature):
@@ -158,3 +158,43 @@ def test_trained_two_tower_recall_beats_chance_on_movielens(tmp_path):
             opt.step()
     after = evaluate_recall_at_k(task, batches, k)
     assert after > max(0.6, 3 * chance, before + 0.3), (before, after, chance)
+
+
+def test_candidate_items_name_equal_candidates_alike():
+    ebc = EmbeddingBagCollection(
+        [
+            EmbeddingBagConfig(name="u", num_embeddings=10, embedding_dim=4, feature_names=["user"]),
+            EmbeddingBagConfig(name="m", num_embeddings=10, embedding_dim=4, feature_names=["movie"]),
+        ]
+    )
+    two_tower = TwoTower(ebc, [4], query_features=["user"], candidate_features=["movie"])
+    # movie bags per example: [1, 2], [1], [1, 2], [], [2, 1], []
+    kjt = KeyedJaggedTensor(
+        keys=["user", "movie"],
+        lengths=torch.tensor([1, 1, 1, 1, 1, 1, 2, 1, 2, 0, 2, 0]),
+        values=torch.tensor([0, 1, 2, 3, 4, 5, 1, 2, 1, 1, 2, 2, 1]),
+    )
+    items = candidate_items(two_tower, kjt).tolist()
+    assert items[0] == items[2] and items[3] == items[5]
+    assert len({items[0], items[1], items[3], items[4]}) == 4
+
+
+def test_recall_counts_no_copy_of_the_own_item_against_it():
+    """Every liked pair is the same movie: one distinct candidate, so each query finds it first."""
+    cfg = ModelConfig(
+        kind="two_tower",
+        tables=[
+            EmbeddingBagConfig(name="users", num_embeddings=8, embedding_dim=4, feature_names=["user_id"]),
+            EmbeddingBagConfig(name="movies", num_embeddings=8, embedding_dim=4, feature_names=["movie_id"]),
+        ],
+        dense_in_features=0,
+        tower_layer_sizes=[4],
+    )
+    task = build_train_model(cfg)
+    kjt = KeyedJaggedTensor(
+        keys=["user_id", "movie_id"],
+        lengths=torch.ones(8, dtype=torch.int64),
+        values=torch.tensor([0, 1, 2, 3, 3, 3, 3, 3]),
+    )
+    batch = Batch(torch.zeros(4, 0), kjt, torch.ones(4))
+    assert evaluate_recall_at_k(task, [batch], k=1) == 1.0
