@@ -14,6 +14,7 @@ from torch import nn
 
 from rectrain.metrics.functional import recall_hits
 from rectrain.train.config import RunConfig
+from rectrain.train.guard import TrainingDiverged
 from rectrain.train.job import TrainJob
 from tests.distributed.multiprocess import run_multiprocess
 from tests.train.test_job import EXAMPLES
@@ -79,12 +80,9 @@ def _train_rank(env, config):
     return TrainJob(config, env, progress_bar=False).run().eval_metrics[f"recall@{K}"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_two_tower_recipe_reaches_the_plain_reference(tmp_path, world_size):
-    train_path, eval_path = write_ratings(tmp_path)
+def recipe_config(tmp_path, train_path, eval_path, *overrides):
     base = RunConfig.load(EXAMPLES / "two_tower_movielens.toml")
-    config = RunConfig.load(
+    return RunConfig.load(
         EXAMPLES / "two_tower_movielens.toml",
         [
             f'data.paths=["{train_path}"]',
@@ -95,8 +93,17 @@ def test_two_tower_recipe_reaches_the_plain_reference(tmp_path, world_size):
             f"train.recall_k={K}",
             f'train.metrics_log="{tmp_path / "metrics.jsonl"}"',
             'checkpoint.dir=""',
+            *overrides,
         ],
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_two_tower_recipe_reaches_the_plain_reference(tmp_path, world_size):
+    train_path, eval_path = write_ratings(tmp_path)
+    base = RunConfig.load(EXAMPLES / "two_tower_movielens.toml")
+    config = recipe_config(tmp_path, train_path, eval_path)
     if world_size == 1:
         recipe_recall = _train_rank(None, config)
     else:
@@ -106,3 +113,22 @@ def test_two_tower_recipe_reaches_the_plain_reference(tmp_path, world_size):
     # A rank's batches (training negatives, held-out candidates) hold batch_size rows; so do the reference's
     reference = plain_reference_recall(train_path, eval_path, base.train.batch_size)
     assert recipe_recall >= reference - 0.01, (recipe_recall, reference)
+
+
+@pytest.mark.slow
+def test_ten_times_the_learning_rates_learns_or_stops_with_one_line(tmp_path):
+    train_path, eval_path = write_ratings(tmp_path)
+    base = RunConfig.load(EXAMPLES / "two_tower_movielens.toml")
+    hot = [
+        f"optimizer.sparse_lr={10 * base.optimizer.sparse_lr}",
+        f"optimizer.dense_lr={10 * base.optimizer.dense_lr}",
+    ]
+    config = recipe_config(tmp_path, train_path, eval_path, "train.eval_every=10", *hot)
+    try:
+        recipe_recall = _train_rank(None, config)
+    except TrainingDiverged as stopped:
+        message = str(stopped)
+        assert message.startswith("training diverged at step ") and "\n" not in message
+        return
+    reference = plain_reference_recall(train_path, eval_path, base.train.batch_size)
+    assert recipe_recall >= reference - 0.02, (recipe_recall, reference)
