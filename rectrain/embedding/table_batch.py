@@ -136,6 +136,17 @@ class FusedTableBatch:
             output_dtype=SparseType.FP32,
             table_names=[t.name for t in self.tables],
         )
+        if device.type == "cpu" and optimizer.weight_decay > 0 and not cpu_adam:
+            # Measured on fbgemm-gpu-cpu 1.8: its CPU SGD, Adagrad and row-wise Adagrad updates are
+            # bit-identical with and without weight_decay; say so rather than train silently without the
+            # regularisation the config asks for (tests/embedding/test_cpu_weight_decay.py pins this).
+            logger.warning(
+                "weight decay %g is not applied: FBGEMM's CPU %s update ignores it (only sparse = 'adam' "
+                "applies it on CPU); tables %s train without it",
+                optimizer.weight_decay,
+                optimizer.optimizer.value,
+                [t.name for t in self.tables],
+            )
         self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
         native = not cpu_adam and use_native_backward(optimizer, device, precisions_used)
         self._native = NativeFusedLookup(self.tbe, optimizer) if native else None

@@ -81,8 +81,9 @@ class OptimizerConfig:
     """The fused embedding optimizer (runs inside backward), the dense parameters' optimizer, the schedule.
 
     ``sparse_eps`` / ``sparse_weight_decay``: the fused optimizer's eps and weight decay (TorchRec's
-    ``fused_params``). ``max_grad_norm`` clips the dense gradients' total norm (embeddings update inside
-    backward, unclipped).
+    ``fused_params``; on CPU FBGEMM's SGD/Adagrad/row-wise Adagrad ignore the weight decay, with a
+    warning, and only ``adam`` applies it). ``max_grad_norm`` clips the dense gradients' total norm
+    (embeddings update inside backward, unclipped).
     The learning-rate schedule scales ``sparse_lr`` and ``dense_lr`` alike: linear warm-up from
     ``warmup_start`` (a fraction of the rate) over ``warmup_steps``, then ``decay`` (``constant``,
     ``linear``, ``polynomial`` with ``decay_power``, ``cosine``) from ``decay_start`` (default: the end of
