@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import tomllib
 import torch
@@ -150,6 +151,12 @@ def _predict_until(client, dense, kjt, stop: threading.Event, failures: list, co
         try:
             client.predict(dense, kjt, timeout=30)
             counts.append(1)
+        except grpc.RpcError as e:
+            # Shedding on a crowded machine is the server's answer to overload, not a request lost to the
+            # roll: back off and retry, as the message asks; anything else is a failure.
+            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                failures.append(e)
+            time.sleep(0.05)
         except Exception as e:  # every failure is reported by the test
             failures.append(e)
 
