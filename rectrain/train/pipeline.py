@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from rectrain.distributed.timeouts import collective
 from rectrain.models.batch import Batch
 from rectrain.sparse import KeyedJaggedTensor
 
@@ -31,6 +32,13 @@ class Prefetching(Protocol):
 
 def _loss_of(output: Any) -> Tensor:
     return output[0] if isinstance(output, tuple) else output
+
+
+def _backward(output: Any) -> None:
+    # Data-parallel gradients are all-reduced by DDP's hooks inside the autograd engine, out of reach of the
+    # named collectives: a hung peer would surface as gloo's bare "Timed out waiting ... for recv".
+    with collective("backward (gradient all_reduce)"):
+        _loss_of(output).backward()
 
 
 def prefetching_modules(model: nn.Module) -> list[Prefetching]:
@@ -49,7 +57,7 @@ class TrainPipelineBase:
         batch = next(dataloader_iter).to(self.device)
         output = self.model(batch)
         self.optimizer.zero_grad()
-        _loss_of(output).backward()
+        _backward(output)
         self.optimizer.step()
         return output
 
@@ -97,7 +105,7 @@ class TrainPipelineSparseDist(TrainPipelineBase):
         if following is not None:
             self._ready(following)  # its ids travel while this batch runs backward
         self.optimizer.zero_grad()
-        _loss_of(output).backward()
+        _backward(output)
         self.optimizer.step()
         self._next = following
         return output

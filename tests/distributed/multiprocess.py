@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rectrain.distributed.env import ShardingEnv, exit_without_finalizing
+from rectrain.distributed.lifeline import die_with_parent
 
 
 class RankFailedError(RuntimeError):
@@ -107,6 +108,7 @@ def _worker(
     timeout: float,
     args: tuple,
 ) -> None:
+    die_with_parent()  # a test run stopped mid-way (pytest -x, Ctrl-C) leaves no rank behind
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),
