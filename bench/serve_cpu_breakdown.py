@@ -19,7 +19,6 @@ import argparse
 import os
 import resource
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 from machine import print_machine
-from serve_throughput import export_standard, start_server
+from serve_throughput import export_standard, free_port, start_server
 
 from recserve.client.loadgen import LoadgenConfig, build_requests, requests_for, run_loadgen
 from recserve.client.openloop import OpenLoopConfig, run_open_loop
@@ -96,9 +95,7 @@ def main() -> None:
         package = export_standard(Path(tmp) / "pkg")
         for examples, ms in predict_cpu_per_64(package).items():
             print(f"in process, 1 torch thread, batch {examples}: {ms:.2f} CPU ms per 64 examples")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         proc = start_server(package, port, args)
         try:
             target = f"127.0.0.1:{port}"

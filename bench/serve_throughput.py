@@ -79,6 +79,12 @@ def in_process_examples_per_s(package: Path, batch: int = 512, iters: int = 50) 
     return batch * (iters // 5) / best
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
     cmd += [
@@ -125,9 +131,7 @@ def main() -> None:
         torch.set_num_threads(os.cpu_count() or 1)
         inproc = in_process_examples_per_s(package)
         print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         proc = start_server(package, port, args)
         try:
             target = f"127.0.0.1:{port}"
