@@ -1,4 +1,4 @@
-"""Files that survive a crash: fsync of files and directories, and atomic text replacement.
+"""Files that survive a crash: fsync of files and directories, atomic text replacement, and checksums.
 
 Shared by everything that writes what a user relies on later (plans, checkpoints, model packages). Files get
 the permissions of the process umask like any file the user creates (``0644`` under the usual ``022``), so
@@ -7,11 +7,22 @@ that a job running as another user of the group (an export, a server) can read t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
 
 _FILE_MODE = 0o666  # open() and creat() start here; the umask takes bits away
+_CHUNK = 8 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def fsync_path(path: Path) -> None:

@@ -22,11 +22,10 @@ from recserve.runtime.package import (
     PackageManifest,
     embeddings_file,
     scale_bias_key,
-    sha256_file,
     weights_key,
 )
 from recserve.runtime.placement import TableShard
-from rectrain.durable import follow_umask, fsync_path
+from rectrain.durable import follow_umask, fsync_path, sha256_file
 
 
 def _save(tensors: dict[str, Tensor], path: Path) -> dict[str, object]:

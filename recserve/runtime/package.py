@@ -11,7 +11,6 @@ runtime rebuilds the model from ``model_config``. This module reads and verifies
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch import Tensor
 from recserve.errors import PackageError
 from recserve.runtime.layout import QuantizedTable, TableDType
 from recserve.runtime.placement import ServingPlacement, TableShard
+from rectrain.durable import sha256_file
 
 FORMAT_NAME = "recserve-model-package"
 FORMAT_VERSION = 1
@@ -144,14 +144,6 @@ class PackageManifest:
             raise PackageError(f"{where}: missing key {error.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as error:
             raise PackageError(f"{where}: malformed manifest ({error})") from None
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(package_dir: str | Path) -> PackageManifest:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -12,19 +11,12 @@ from torch import Tensor
 
 from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import FileEntry
-from rectrain.durable import follow_umask, fsync_path
-
-_CHUNK = 8 << 20
+from rectrain.durable import follow_umask, fsync_path, sha256_file
 
 
 def sha256_of(path: Path) -> FileEntry:
-    """sha256 and size of a file (read in chunks)."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return FileEntry(digest.hexdigest(), size)
+    """sha256 and size of a file."""
+    return FileEntry(sha256_file(path), path.stat().st_size)
 
 
 def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> FileEntry:

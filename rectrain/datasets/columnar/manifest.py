@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rectrain.datasets.columnar.part_files import DataFormatError, sha256_file
-from rectrain.durable import write_text_atomic
+from rectrain.datasets.columnar.part_files import DataFormatError
+from rectrain.durable import sha256_file, write_text_atomic
 
 FORMAT = "rectrain-columnar"
 FORMAT_VERSION = 1

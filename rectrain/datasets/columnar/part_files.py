@@ -105,11 +105,3 @@ def _tensor(path: Path, mapped, start: int, size: int, name: str, entry: dict) -
     if min(shape, default=0) < 0 or end - begin != count * dtype.itemsize or start + end > size or begin < 0:
         raise DataFormatError(f"{path}: tensor {name!r} (shape {shape}) does not fit its bytes; truncated?")
     return np.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin).reshape(shape)
-
-
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while piece := f.read(chunk):
-            digest.update(piece)
-    return digest.hexdigest()
