@@ -53,6 +53,8 @@ class DataConfig:
     ``label_column`` the label. ``shuffle`` (converted, parquet): each epoch reads blocks of rows in an order
     drawn from ``train.seed`` and the epoch. ``prefetch``: batches a background thread prepares ahead of
     training when ``num_workers = 0`` (with workers, each worker's prefetch depth); 0 turns it off.
+    ``num_workers``: DataLoader processes reading the text sources and synthetic data; converted data and
+    Parquet are always read by the prefetch thread (cheaper than sending each batch from a process).
     """
 
     source: str = field(

@@ -141,3 +141,18 @@ def test_two_ranks_read_their_blocks_of_each_window_of_the_converted_data(tmp_pa
         v for step in range(4) for part in (rank0, rank1) for v in part[32 * step : 32 * step + 32]
     ]
     assert interleaved == _first_ids(RunData(config, 0, 1))
+
+
+def test_converted_data_is_read_in_process_whatever_num_workers_says(tmp_path, capsys):
+    tsv = write_criteo(tmp_path / "day.tsv", rows=32 * 4)
+    out = tmp_path / "c"
+    assert (
+        main(["data", "convert", "--num-embeddings", "50", "--out", str(out), "--no-progress", str(tsv)]) == 0
+    )
+    base = _run(tmp_path, 'data.source="converted"', f'data.paths=["{out}"]', f'data.eval_paths=["{out}"]')
+    threaded = RunData(RunConfig.load(CRITEO, base), 0, 1)
+    capsys.readouterr()
+    workers = RunData(RunConfig.load(CRITEO, [*base, "data.num_workers=2"]), 0, 1)
+    assert _first_ids(workers) == _first_ids(threaded)
+    # logged through the handler `rectrain data convert` set up (on the captured stderr)
+    assert "data.num_workers=2: converted data is read by the prefetch thread" in capsys.readouterr().err
