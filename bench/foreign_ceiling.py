@@ -21,6 +21,7 @@ import sys
 import foreign_criteo as fc
 import torch
 import torch.nn.functional as F
+from machine import print_machine
 
 
 def _rows(rule: fc.Rule, n: int, seed: int):
@@ -85,6 +86,7 @@ def ceiling(rule: fc.Rule) -> tuple[float, float]:
 
 
 def main(argv: list[str]) -> None:
+    print_machine()
     torch.set_num_threads(1)
     for name in argv or ["probe"]:
         fitted, best = ceiling(fc.RULES[name])
