@@ -70,8 +70,8 @@ class QueueLag:
 
     gRPC core queues calls that Python has not picked up yet, one queue per method, and sheds them only at
     thousands (as CANCELLED, unseen). When handlers hold the GIL, that queue grows faster than Python takes
-    calls, and no in-flight limit sees it: a freed slot admits a call that already waited seconds. So a
-    daemon thread sends a probe call of each watched method to the server's own private socket every
+    calls, and no in-flight limit sees it: a freed slot admits a call that already waited seconds. So per
+    watched method a daemon thread sends a probe call to the server's own private socket every
     ``interval_s``, stamped with a per-process secret and its send time; the interceptor reads the stamp when
     the probe comes out of the queue (:meth:`is_probe`). The lag is the last probe's wait, or the wait of the
     probe still queued if longer. While it is above target, refusing every new call (microseconds each) lets
@@ -88,22 +88,28 @@ class QueueLag:
         self._sent: dict[str, float | None] = dict.fromkeys(methods)  # send time of the probe in flight
         self._lag: dict[str, float] = dict.fromkeys(methods, 0.0)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._channel: grpc.Channel | None = None
 
     def start(self, address: str) -> None:
         """Probes the server listening on ``address`` (its private socket) until :meth:`stop`."""
         self._channel = grpc.insecure_channel(address)
-        calls = {m: self._channel.unary_unary(m) for m in self.methods}  # bytes in, bytes out
-        self._thread = threading.Thread(target=self._run, args=(calls,), name="queue-lag-probe", daemon=True)
-        self._thread.start()
+        # One thread per method making blocking calls: a call made with ``future()`` starts a channel thread
+        # each time (none lives between probes 50 ms apart), 40 thread starts a second in a busy process.
+        for method in self.methods:
+            call = self._channel.unary_unary(method)  # bytes in, bytes out
+            thread = threading.Thread(
+                target=self._run, args=(method, call), name="queue-lag-probe", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
         if self._channel is not None:
-            self._channel.close()
+            self._channel.close()  # ends a probe still waiting for its answer
+        for thread in self._threads:
+            thread.join()
 
     def is_probe(self, method: str, metadata) -> bool:
         """At interception: True for our own probe, whose queue wait is then recorded."""
@@ -128,16 +134,16 @@ class QueueLag:
     def overloaded(self) -> bool:
         return self.lag_s() > self.target_s
 
-    def _run(self, calls) -> None:
+    def _run(self, method: str, call) -> None:
         while not self._stop.wait(self._interval_s):
-            for method, call in calls.items():
-                if self._sent[method] is not None:
-                    continue  # one probe per method at a time: the one in the queue measures it
-                sent = time.monotonic()
-                self._sent[method] = sent
-                metadata = ((self.HEADER, f"{self._secret} {sent!r}"),)
-                future = call.future(b"", metadata=metadata, timeout=60)
-                future.add_done_callback(lambda _f, m=method: self._sent.__setitem__(m, None))
+            sent = time.monotonic()
+            self._sent[method] = sent  # while it waits, the probe in the queue measures the lag
+            try:
+                call(b"", metadata=((self.HEADER, f"{self._secret} {sent!r}"),), timeout=60)
+            except grpc.RpcError:
+                pass  # the server is stopping (a probe is never refused): nothing to record
+            finally:
+                self._sent[method] = None
 
 
 def answer_probe(request: bytes, context) -> bytes:
