@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 # Sources whose batches are cheaper to read than to send from another process: read by the prefetch thread.
 _READ_IN_PROCESS = ("converted", "parquet")
+# How DataLoader workers start (see ``_loader``).
+_WORKER_START = "forkserver"
 
 
 @dataclass
@@ -158,9 +160,6 @@ def _say_read_in_process(source: str, num_workers: int) -> None:
 
 def _holds_out_batches(config: RunConfig) -> bool:
     return config.data.source != "synthetic" and not config.data.eval_paths
-
-
-_WORKER_START = "forkserver"
 
 
 def _loader(dataset: IterableDataset, num_workers: int, prefetch: int) -> Iterable[Batch]:
