@@ -7,7 +7,7 @@ import time
 import grpc
 
 from recserve.server.codec import decode_predict_request, set_scores
-from recserve.server.core import InferenceCore
+from recserve.server.core import InferenceCore, InferenceResult
 from recserve.server.protos import pb2, pb2_grpc
 
 # grpc reports "no deadline" as a huge remaining time rather than None on some versions.
@@ -20,6 +20,22 @@ def request_deadline(context: grpc.ServicerContext, received: float) -> float | 
     if remaining is None or remaining > _NO_DEADLINE_SECONDS:
         return None
     return received + remaining
+
+
+def predict_response(
+    request: pb2.PredictRequest, result: InferenceResult, received: float
+) -> pb2.PredictResponse:
+    """The reply to ``request``, scored as ``result``; ``received`` is its ``time.monotonic()`` arrival."""
+    resp = pb2.PredictResponse(
+        request_id=request.request_id, model_name=result.model_name, model_version=result.model_version
+    )
+    set_scores(resp, result.scores, request.raw_output)
+    t = resp.timings
+    t.queue_seconds = result.queue_seconds
+    t.inference_seconds = result.inference_seconds
+    t.executed_batch_size = result.executed_batch_size
+    t.server_seconds = time.monotonic() - received
+    return resp
 
 
 class PredictorServicer(pb2_grpc.PredictorServicer):
@@ -35,16 +51,7 @@ class PredictorServicer(pb2_grpc.PredictorServicer):
             model_name=request.model_name,
             received=received,
         )
-        resp = pb2.PredictResponse(
-            request_id=request.request_id, model_name=result.model_name, model_version=result.model_version
-        )
-        set_scores(resp, result.scores, request.raw_output)
-        t = resp.timings
-        t.queue_seconds = result.queue_seconds
-        t.inference_seconds = result.inference_seconds
-        t.executed_batch_size = result.executed_batch_size
-        t.server_seconds = time.monotonic() - received
-        return resp
+        return predict_response(request, result, received)
 
     def ModelMetadata(self, request, context: grpc.ServicerContext) -> pb2.ModelMetadataResponse:
         runner = self._core.runner

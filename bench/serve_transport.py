@@ -1,0 +1,249 @@
+"""Would a ``grpc.aio`` data plane meet issue 15's objective? ``recserve serve`` vs a minimal aio server.
+
+``recserve serve`` answers every RPC on a handler thread of a synchronous gRPC server: the polling thread
+wakes a handler per request and the batch thread wakes each request's handler when its batch is done. The
+alternative measured here answers ``Predict`` as a coroutine on each worker's event loop (``grpc.aio``): the
+same :class:`InferenceCore`, batcher settings, decoding, validation and reply (``predict_response``), and
+``asyncio.wrap_future`` on the batcher's future. It has none of the server's admission control, status
+mapping, metrics or queue-lag probes, so it bounds what a change of transport alone can give; it is not a
+server to run.
+
+Rounds alternate the two (a noisy neighbour then hits both), each: closed-loop capacity with the server's CPU
+ms per request (its processes, from /proc), then open-loop Poisson arrivals at ``--load`` of that capacity,
+then the same rate from one client process that reads each reply's timings, to split the latency into the
+batcher's queue, the batch's compute, the rest of the server and what lies outside it (gRPC both ways and the
+client).
+
+    .venv/bin/python bench/serve_transport.py [--rounds 3] [--workers 2] [--duration 8] [--load 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from machine import print_machine
+from serve_cpu_breakdown import process_tree_cpu_s
+from serve_throughput import export_standard, free_port, in_process_examples_per_s, start_server
+
+from recserve.client import PredictorClient
+from recserve.client.loadgen import PREDICT_METHOD, LoadgenConfig, requests_for, run_loadgen
+from recserve.client.openloop import OpenLoopConfig, run_open_loop
+
+
+def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms: float) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1._async import HealthServicer
+
+    from recserve.server.app import load_runner
+    from recserve.server.batcher import BatcherConfig
+    from recserve.server.codec import decode_predict_request
+    from recserve.server.core import InferenceCore
+    from recserve.server.metrics import ServerMetrics
+    from recserve.server.protos import PREDICTOR_SERVICE, pb2
+    from recserve.server.servicer import PredictorServicer, predict_response
+
+    torch.set_num_threads(1)  # as `recserve serve` sets it: cores / workers
+    batching = BatcherConfig(max_batch_size, max_queue_delay_ms / 1000.0)
+    core = InferenceCore(load_runner(Path(package), batching, ServerMetrics()))
+    metadata = PredictorServicer(core).ModelMetadata
+
+    async def predict(request, context):
+        received = time.monotonic()
+        arrays = decode_predict_request(request)
+        ticket = core.submit(arrays, model_name=request.model_name, received=received)
+        with contextlib.suppress(Exception):  # complete() re-raises it
+            await asyncio.wrap_future(ticket.future)
+        return predict_response(request, core.complete(ticket), received)
+
+    async def model_metadata(request, context):
+        return metadata(request, context)
+
+    def handler(behavior, request_type, response_type):
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+        methods = {
+            "Predict": handler(predict, pb2.PredictRequest, pb2.PredictResponse),
+            "ModelMetadata": handler(model_metadata, pb2.ModelMetadataRequest, pb2.ModelMetadataResponse),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PREDICTOR_SERVICE, methods),))
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _aio_main(package: str, port: int, workers: int, max_batch_size: int, max_queue_delay_ms: float) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_aio_worker, args=(package, port, max_batch_size, max_queue_delay_ms))
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.sigwait({signal.SIGTERM})
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.join()
+
+
+def start_aio_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--aio-server", str(package), str(port), str(args.workers)]
+    cmd += [str(args.max_batch_size), str(args.max_queue_delay_ms)]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    client = PredictorClient(f"127.0.0.1:{port}")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if client.health(timeout=1) == "SERVING":
+                time.sleep(2.0 * args.workers)  # every worker listening, not just the first
+                return proc
+        except Exception:  # not listening yet
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("aio server did not start")
+
+
+async def _timed_arrivals(
+    target: str, requests: list[bytes], rate: float, duration: float
+) -> tuple[np.ndarray, Counter]:
+    """Poisson arrivals from one process: [client latency, server, queue, inference] ms per reply; errors."""
+    import grpc
+
+    from recserve.server.protos import pb2
+
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(16)
+    ]
+    calls = [ch.unary_unary(PREDICT_METHOD) for ch in channels]
+    rng, rows, tasks, errors = random.Random(0), [], set(), Counter()
+
+    async def one(call, payload: bytes, scheduled: float) -> None:
+        try:
+            reply = pb2.PredictResponse.FromString(await call(payload, timeout=5))
+        except grpc.aio.AioRpcError as e:
+            errors[e.code().name] += 1
+            return
+        t = reply.timings
+        rows.append((time.perf_counter() - scheduled, t.server_seconds, t.queue_seconds, t.inference_seconds))
+
+    await asyncio.gather(*(ch.channel_ready() for ch in channels))
+    scheduled = time.perf_counter()
+    end, i = scheduled + duration, 0
+    while (scheduled := scheduled + rng.expovariate(rate)) < end:
+        await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+        task = asyncio.create_task(one(calls[i % len(calls)], requests[i % len(requests)], scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+    await asyncio.gather(*tasks)
+    await asyncio.gather(*(ch.close() for ch in channels))
+    return np.array(rows).reshape(-1, 4) * 1e3, errors
+
+
+def where_the_time_goes(target: str, requests: list[bytes], rate: float, duration: float) -> None:
+    """Latency at ``rate`` split by the replies' timings: queue, compute, rest of the server, outside it."""
+    timings, errors = asyncio.run(_timed_arrivals(target, requests, rate, duration))
+    if errors:
+        print(f"    errors (left out): {dict(errors)}")
+    if not len(timings):
+        return
+    client, server, queue, inference = timings.T
+    parts = {
+        "client latency": client,
+        "batcher queue": queue,
+        "batch compute": inference,
+        "rest of server": server - queue - inference,
+        "outside server": client - server,
+    }
+    for name, ms in parts.items():
+        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+        print(f"    {name:<15} ms p50 {p50:6.1f} p90 {p90:6.1f} p99 {p99:6.1f}")
+
+
+def measure(proc: subprocess.Popen, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(capacity examples/s, server CPU ms per request at capacity, p99 ms at ``args.load``)."""
+    cfg = LoadgenConfig(target, args.concurrency, args.duration, 64, warmup_s=1.0)
+    requests = requests_for(cfg)
+    cpu0 = process_tree_cpu_s(proc.pid)
+    capacity = run_loadgen(cfg, requests)
+    cpu_ms = (process_tree_cpu_s(proc.pid) - cpu0) / max(1, capacity.latencies_s.size) * 1e3
+    rate = args.load * capacity.requests / capacity.seconds
+    open_loop = run_open_loop(OpenLoopConfig(target, rate, args.duration, warmup_s=1.0), requests)
+    print(f"  closed loop: {capacity.summary()}; server CPU {cpu_ms:.2f} ms per request")
+    print(f"  {args.load:.0%} of capacity: {open_loop.summary()}", flush=True)
+    n = rate * args.duration
+    print(f"  same rate from one client process, split by the replies' timings (~{n:.0f} requests):")
+    where_the_time_goes(target, requests, rate, args.duration)
+    return capacity.examples_per_s, cpu_ms, open_loop.percentile_ms(99)
+
+
+def main() -> None:
+    print_machine()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--load", type=float, default=0.5)
+    ap.add_argument("--max-batch-size", type=int, default=512)
+    ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    args = ap.parse_args()
+    starts = {"sync (recserve serve)": start_server, "grpc.aio": start_aio_server}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in starts}
+    with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
+        package = export_standard(Path(tmp) / "pkg")
+        torch.set_num_threads(os.cpu_count() or 1)
+        inproc = in_process_examples_per_s(package)
+        print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
+        for r in range(args.rounds):
+            for name, start in starts.items():
+                port = free_port()
+                proc = start(package, port, args)
+                print(f"round {r + 1}, {name}:", flush=True)
+                try:
+                    results[name].append(measure(proc, f"127.0.0.1:{port}", args))
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(60)
+    for name, runs in results.items():
+        caps, cpus, p99s = zip(*runs)
+        print(
+            f"{name}: capacity/in-process {min(caps) / inproc:.2f}-{max(caps) / inproc:.2f}, "
+            f"server CPU {min(cpus):.2f}-{max(cpus):.2f} ms per request, "
+            f"p99 at {args.load:.0%} {min(p99s):.0f}-{max(p99s):.0f} ms ({len(runs)} runs)"
+        )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--aio-server"]:
+        package, port, workers, batch, delay = sys.argv[2:7]
+        _aio_main(package, int(port), int(workers), int(batch), float(delay))
+    else:
+        main()
