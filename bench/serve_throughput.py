@@ -96,9 +96,13 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
         str(args.max_batch_size),
     ]
     cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms), "--admin-port", "-1"]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
+
+
+def wait_serving(proc: subprocess.Popen, port: int, timeout_s: float = 180) -> subprocess.Popen:
+    """Returns ``proc`` once the server on ``port`` reports SERVING; kills it if that takes ``timeout_s``."""
     client = PredictorClient(f"127.0.0.1:{port}")
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             if client.health(timeout=1) == "SERVING":
@@ -106,7 +110,7 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
         except Exception:  # not listening yet
             time.sleep(0.5)
     proc.kill()
-    raise TimeoutError("server did not start")
+    raise TimeoutError(f"the server on port {port} did not start in {timeout_s:.0f} s")
 
 
 def main() -> None:

@@ -37,9 +37,14 @@ import numpy as np
 import torch
 from machine import print_machine
 from serve_cpu_breakdown import process_tree_cpu_s
-from serve_throughput import export_standard, free_port, in_process_examples_per_s, start_server
+from serve_throughput import (
+    export_standard,
+    free_port,
+    in_process_examples_per_s,
+    start_server,
+    wait_serving,
+)
 
-from recserve.client import PredictorClient
 from recserve.client.loadgen import PREDICT_METHOD, LoadgenConfig, requests_for, run_loadgen
 from recserve.client.openloop import OpenLoopConfig, run_open_loop
 
@@ -116,18 +121,9 @@ def _aio_main(package: str, port: int, workers: int, max_batch_size: int, max_qu
 def start_aio_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "--aio-server", str(package), str(port), str(args.workers)]
     cmd += [str(args.max_batch_size), str(args.max_queue_delay_ms)]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    client = PredictorClient(f"127.0.0.1:{port}")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if client.health(timeout=1) == "SERVING":
-                time.sleep(2.0 * args.workers)  # every worker listening, not just the first
-                return proc
-        except Exception:  # not listening yet
-            time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("aio server did not start")
+    proc = wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
+    time.sleep(2.0 * args.workers)  # every worker listening, not just the first to report SERVING
+    return proc
 
 
 async def _timed_arrivals(
