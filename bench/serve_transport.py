@@ -52,7 +52,7 @@ from recserve.client.openloop import OpenLoopConfig, run_open_loop
 def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms: float) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from grpc_health.v1._async import HealthServicer
+    from grpc_health.v1.health import aio as health_aio
 
     from recserve.server.app import load_runner
     from recserve.server.batcher import BatcherConfig
@@ -92,7 +92,7 @@ def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms
             "ModelMetadata": handler(model_metadata, pb2.ModelMetadataRequest, pb2.ModelMetadataResponse),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(PREDICTOR_SERVICE, methods),))
-        health = HealthServicer()
+        health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
