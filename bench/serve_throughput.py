@@ -7,7 +7,8 @@ process(es) and, with the load generator on the same machine (request batch 64):
 1. finds the served capacity with a closed loop (``--concurrency`` callers, each sending its next request when
    the last one returns);
 2. offers open-loop Poisson arrivals at 50 % and 80 % of that capacity (``recserve.client.openloop``) and
-   reports p50/p99 from each request's scheduled arrival, so queueing shows.
+   reports p50/p99 from each request's scheduled arrival, so queueing shows, and splits it by each reply's
+   own timings (batcher queue, batch compute, rest of the server, outside it).
 
     .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers N]
         [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8]
@@ -146,9 +147,12 @@ def main() -> None:
             open_loop = {}
             for load in (float(x) for x in args.loads.split(",")):
                 rate = load * capacity.requests / capacity.seconds
-                ol = OpenLoopConfig(target, rate, args.duration, warmup_s=2.0, request_batch=args.batch)
+                ol = OpenLoopConfig(
+                    target, rate, args.duration, warmup_s=2.0, request_batch=args.batch, reply_timings=True
+                )
                 open_loop[load] = run_open_loop(ol, requests)
                 print(f"{load:.0%} of capacity: {open_loop[load].summary()}")
+                print(open_loop[load].split_summary())
             if args.sweep:
                 levels = [int(c) for c in args.sweep.split(",")]
                 short = LoadgenConfig(target, duration_s=5.0, request_batch=args.batch, warmup_s=1.0)

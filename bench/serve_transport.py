@@ -10,9 +10,8 @@ server to run.
 
 Rounds alternate the two (a noisy neighbour then hits both), each: closed-loop capacity with the server's CPU
 ms per request (its processes, from /proc), then open-loop Poisson arrivals at ``--load`` of that capacity,
-then the same rate from one client process that reads each reply's timings, to split the latency into the
-batcher's queue, the batch's compute, the rest of the server and what lies outside it (gRPC both ways and the
-client).
+their latency split by each reply's own timings into the batcher's queue, the batch's compute, the rest of
+the server and what lies outside it (gRPC both ways and the client).
 
     .venv/bin/python bench/serve_transport.py [--rounds 3] [--workers 2] [--duration 8] [--load 0.5]
 """
@@ -24,16 +23,13 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
-import random
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
 from machine import print_machine
 from serve_cpu_breakdown import process_tree_cpu_s
@@ -45,7 +41,7 @@ from serve_throughput import (
     wait_serving,
 )
 
-from recserve.client.loadgen import PREDICT_METHOD, LoadgenConfig, requests_for, run_loadgen
+from recserve.client.loadgen import LoadgenConfig, requests_for, run_loadgen
 from recserve.client.openloop import OpenLoopConfig, run_open_loop
 
 
@@ -126,63 +122,6 @@ def start_aio_server(package: Path, port: int, args: argparse.Namespace) -> subp
     return proc
 
 
-async def _timed_arrivals(
-    target: str, requests: list[bytes], rate: float, duration: float
-) -> tuple[np.ndarray, Counter]:
-    """Poisson arrivals from one process: [client latency, server, queue, inference] ms per reply; errors."""
-    import grpc
-
-    from recserve.server.protos import pb2
-
-    channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(16)
-    ]
-    calls = [ch.unary_unary(PREDICT_METHOD) for ch in channels]
-    rng, rows, tasks, errors = random.Random(0), [], set(), Counter()
-
-    async def one(call, payload: bytes, scheduled: float) -> None:
-        try:
-            reply = pb2.PredictResponse.FromString(await call(payload, timeout=5))
-        except grpc.aio.AioRpcError as e:
-            errors[e.code().name] += 1
-            return
-        t = reply.timings
-        rows.append((time.perf_counter() - scheduled, t.server_seconds, t.queue_seconds, t.inference_seconds))
-
-    await asyncio.gather(*(ch.channel_ready() for ch in channels))
-    scheduled = time.perf_counter()
-    end, i = scheduled + duration, 0
-    while (scheduled := scheduled + rng.expovariate(rate)) < end:
-        await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-        task = asyncio.create_task(one(calls[i % len(calls)], requests[i % len(requests)], scheduled))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        i += 1
-    await asyncio.gather(*tasks)
-    await asyncio.gather(*(ch.close() for ch in channels))
-    return np.array(rows).reshape(-1, 4) * 1e3, errors
-
-
-def where_the_time_goes(target: str, requests: list[bytes], rate: float, duration: float) -> None:
-    """Latency at ``rate`` split by the replies' timings: queue, compute, rest of the server, outside it."""
-    timings, errors = asyncio.run(_timed_arrivals(target, requests, rate, duration))
-    if errors:
-        print(f"    errors (left out): {dict(errors)}")
-    if not len(timings):
-        return
-    client, server, queue, inference = timings.T
-    parts = {
-        "client latency": client,
-        "batcher queue": queue,
-        "batch compute": inference,
-        "rest of server": server - queue - inference,
-        "outside server": client - server,
-    }
-    for name, ms in parts.items():
-        p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-        print(f"    {name:<15} ms p50 {p50:6.1f} p90 {p90:6.1f} p99 {p99:6.1f}")
-
-
 def measure(proc: subprocess.Popen, target: str, args: argparse.Namespace) -> tuple[float, float, float]:
     """(capacity examples/s, server CPU ms per request at capacity, p99 ms at ``args.load``)."""
     cfg = LoadgenConfig(target, args.concurrency, args.duration, 64, warmup_s=1.0)
@@ -191,12 +130,12 @@ def measure(proc: subprocess.Popen, target: str, args: argparse.Namespace) -> tu
     capacity = run_loadgen(cfg, requests)
     cpu_ms = (process_tree_cpu_s(proc.pid) - cpu0) / max(1, capacity.latencies_s.size) * 1e3
     rate = args.load * capacity.requests / capacity.seconds
-    open_loop = run_open_loop(OpenLoopConfig(target, rate, args.duration, warmup_s=1.0), requests)
+    open_loop = run_open_loop(
+        OpenLoopConfig(target, rate, args.duration, warmup_s=1.0, reply_timings=True), requests
+    )
     print(f"  closed loop: {capacity.summary()}; server CPU {cpu_ms:.2f} ms per request")
     print(f"  {args.load:.0%} of capacity: {open_loop.summary()}", flush=True)
-    n = rate * args.duration
-    print(f"  same rate from one client process, split by the replies' timings (~{n:.0f} requests):")
-    where_the_time_goes(target, requests, rate, args.duration)
+    print(open_loop.split_summary())
     return capacity.examples_per_s, cpu_ms, open_loop.percentile_ms(99)
 
 

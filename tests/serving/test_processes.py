@@ -241,6 +241,32 @@ def test_open_loop_offers_poisson_arrivals_and_measures_from_the_scheduled_time(
     assert "Poisson 60 requests/s" in r.summary()
 
 
+@pytest.mark.slow
+def test_open_loop_splits_latency_by_the_replies_timings(package):
+    """With reply_timings every reply's server timings come back and the parts of the latency add up."""
+    from recserve.client.openloop import OpenLoopConfig, run_open_loop
+
+    from .conftest import running_server
+
+    with running_server(package, max_queue_delay_ms=1) as server:
+        cfg = OpenLoopConfig(
+            f"127.0.0.1:{server.port}", rate_rps=40, duration_s=1.0, warmup_s=0.3, request_batch=8,
+            processes=1, channels=2, reply_timings=True,
+        )  # fmt: skip
+        r = run_open_loop(cfg)
+    assert r.errors == {} and r.latencies_s.size > 0
+    assert r.server_timings_s.shape == (r.latencies_s.size, 3)
+    server, queue, compute = r.server_timings_s.T
+    assert (queue >= 0).all() and (compute > 0).all() and (server >= compute).all()
+    assert (r.latencies_s >= server).all()  # the client's clock covers the server's
+    split = r.latency_split_ms(50)
+    assert list(split) == ["batcher queue", "batch compute", "rest of server", "outside server"]
+    assert split["batch compute"] > 0 and split["outside server"] > 0
+    assert len(r.split_summary().splitlines()) == 4
+    with pytest.raises(ValueError, match="reply_timings"):
+        type(r)(r.rate_rps, r.seconds, r.request_batch, r.latencies_s).latency_split_ms(50)
+
+
 def test_open_loop_does_not_wait_for_replies():
     """A server that takes 300 ms per reply still sees arrivals at the offered rate (a closed loop of one
     caller would send 3/s); latencies include the 300 ms."""
