@@ -32,6 +32,7 @@ from recserve.runtime.package import (
 from recserve.runtime.package_checks import check_manifest
 from recserve.runtime.placement import ServingPlacement, TableShard
 from recserve.runtime.quant_embedding import QuantEmbeddingBagCollection
+from recserve.runtime.serving_graph import ServingGraph, build_serving_graph
 from recserve.runtime.validation import RequestValidator
 from rectrain.errors import ConfigError
 from rectrain.models.config import ModelConfig
@@ -79,8 +80,16 @@ def metadata_for(
 class Predictor:
     """A serving model: quantized lookups on their devices plus the dense part, behind ``predict``."""
 
-    def __init__(self, model: nn.Module, metadata: PackageMetadata, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        model: nn.Module,
+        metadata: PackageMetadata,
+        device: torch.device,
+        dtype: torch.dtype,
+        graph: ServingGraph | None = None,
+    ):
         self.model = model
+        self.graph = graph  # the model's forward as one TorchScript call, when it could be built and checked
         self._metadata = metadata
         self.device = device
         self.dtype = dtype
@@ -119,7 +128,11 @@ class Predictor:
         model.to(dtype).eval()
         if compile_dense:
             logger.info("compiled dense modules %s", compile_dense_part(model, ebc_path))
-        return cls(model, metadata, device, dtype)
+            return cls(model, metadata, device, dtype)
+        graph = build_serving_graph(
+            model, ebc_path, metadata.dense_in_features, metadata.num_embeddings, dtype
+        )
+        return cls(model, metadata, device, dtype, graph)
 
     @classmethod
     def load(
@@ -190,7 +203,8 @@ class Predictor:
         if batch == 0:
             return torch.empty(0)
         with torch.inference_mode():
-            logits = self.model(dense.to(self.device, self.dtype), kjt)
+            forward = self.model if self.graph is None else self.graph
+            logits = forward(dense.to(self.device, self.dtype), kjt)
             return logits.reshape(batch).float().cpu()
 
     def predict(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor:

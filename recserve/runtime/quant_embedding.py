@@ -218,6 +218,38 @@ class QuantEmbeddingBagCollection(nn.Module):
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def feature_order(self) -> list[str]:
+        """The features the lookups read, in the order the kernels take them."""
+        return list(self._router.features)
+
+    def single_kernel(self) -> nn.Module | None:
+        """The one FBGEMM module every lookup runs in, when its output is the collection's output as is
+        (one device and pooling mode, whole tables, no re-ordered columns, no MEAN to divide); else None."""
+        if len(self._lookups) != 1 or self._mode != "identity" or self._mean_spans:
+            return None
+        lookup = self._lookups[0]
+        if lookup.partial or lookup.device != self._device:
+            return None
+        return lookup.tbe
+
+    def single_kernel_inputs(self, features: KJTLike) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """``(indices, offsets, per_sample_weights)`` for ``single_kernel()`` when ``features`` feed it as
+        they are (keys in the kernel's feature order, values and offsets of one dtype); else None."""
+        if self.single_kernel() is None:
+            return None
+        if list(features.keys()) != self._router.features or features.variable_stride_per_key():
+            return None
+        values, offsets = features.values(), features.offsets()
+        if values.dtype != offsets.dtype:
+            return None
+        if not self._is_weighted:
+            return values, offsets, None
+        weights = features.weights_or_none()
+        if weights is None or weights.dtype != torch.float32:
+            return None
+        return values, offsets, weights
+
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._configs
 
