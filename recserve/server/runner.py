@@ -15,9 +15,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from recserve.server.arrays import FeatureArrays
 from recserve.server.batcher import BatcherConfig, BatchObserver, DynamicBatcher
 from recserve.server.stats import ModelStats
-from recserve.server.validation import InferenceRequest, ModelSchema
+from recserve.server.validation import InferenceRequest, ModelSchema, check_request
 from rectrain.sparse import KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
@@ -126,18 +127,19 @@ class ModelRunner:
         return out
 
     def warmup(self, batch_size: int = 8) -> None:
-        """Scores one batch of id 0, so that a swapped-in model answers its first request at full speed."""
+        """Checks and scores one request of id 0, so that a swapped-in model answers its first request at
+        full speed (the checks' and the model's TorchScript compile here)."""
         s = self.schema
         num_keys = len(s.feature_names)
-        dense = torch.zeros(batch_size, s.dense_in_features)
-        kjt = KeyedJaggedTensor(
-            keys=s.feature_names,
+        arrays = FeatureArrays(
+            batch_size=batch_size,
+            dense=torch.zeros(batch_size * s.dense_in_features),
+            keys=list(s.feature_names),
+            lengths=torch.ones(num_keys * batch_size, dtype=torch.int32),
             values=torch.zeros(num_keys * batch_size, dtype=torch.int64),
-            lengths=torch.ones(num_keys * batch_size, dtype=torch.int64),
-            stride=batch_size,
         )
         start = time.monotonic()
-        self._predict_batch([InferenceRequest(dense, kjt)], record=False)
+        self._predict_batch([check_request(arrays, s)], record=False)
         logger.info("warmed up %s %s in %.1f ms", *self.model_id, (time.monotonic() - start) * 1e3)
 
     def close(self, timeout: float | None = None) -> None:

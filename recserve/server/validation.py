@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
+from recserve.runtime.scripted import script_or_eager
 from recserve.server.arrays import FeatureArrays
 from rectrain.sparse import KeyedJaggedTensor
 
@@ -66,9 +67,25 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         raise InvalidRequestError(
             f"batch_size: {b} examples exceeds the server's max_batch_size {schema.max_batch_size}; split it"
         )
-    dense = _check_dense(arrays.dense, b, schema.dense_in_features)
     order = _key_order(arrays.keys, schema.feature_names)
     values, weights = arrays.values, arrays.weights
+    if order is None and weights is None:
+        checked = _checked_tensors(
+            arrays.dense, arrays.lengths, values, schema.num_embeddings, b, schema.dense_in_features
+        )
+        if checked is not None:
+            dense, lengths, per_key = checked
+            kjt = KeyedJaggedTensor(
+                keys=schema.feature_names,
+                values=values,
+                lengths=lengths,
+                stride=b,
+                length_per_key=per_key.tolist(),
+                validate=False,
+            )
+            return InferenceRequest(dense, kjt, arrays.request_id)
+    # Keys to re-order, weights, or a check failed: this path also names what is wrong.
+    dense = _check_dense(arrays.dense, b, schema.dense_in_features)
     lengths = _check_lengths(arrays.lengths, arrays.keys, b, values.numel())
     if weights is not None:
         _check_weights(weights, values.numel(), arrays.keys, schema)
@@ -89,6 +106,31 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         validate=False,
     )
     return InferenceRequest(dense, kjt, arrays.request_id)
+
+
+@script_or_eager
+def _checked_tensors(
+    dense: Tensor, lengths: Tensor, values: Tensor, num_embeddings: Tensor, b: int, width: int
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """What ``check_request`` checks of an unweighted request whose keys are in the model's order, in one
+    call: ``(dense [b, width], int64 lengths, ids per key)``, or None if a check fails."""
+    if dense.numel() != b * width or lengths.numel() != num_embeddings.numel() * b:
+        return None
+    dense = dense.view(b, width)
+    if not bool(torch.isfinite(dense).all()):
+        return None
+    n = values.numel()
+    lengths = lengths.to(torch.int64)
+    if bool(((lengths < 0) | (lengths > n)).any()):  # bounded before the sum, so it cannot wrap
+        return None
+    per_key = lengths.view(num_embeddings.numel(), b).sum(dim=1)
+    if int(per_key.sum()) != n:
+        return None
+    if n > 0:
+        bound = torch.repeat_interleave(num_embeddings, per_key, output_size=n)
+        if bool(((values < 0) | (values >= bound)).any()):
+            return None
+    return dense, lengths, per_key
 
 
 def _check_lengths(lengths: Tensor, keys: list[str], b: int, num_values: int) -> Tensor:
