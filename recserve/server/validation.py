@@ -69,33 +69,25 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         )
     order = _key_order(arrays.keys, schema.feature_names)
     values, weights = arrays.values, arrays.weights
+    checked = None
     if order is None and weights is None:
         checked = _checked_tensors(
             arrays.dense, arrays.lengths, values, schema.num_embeddings, b, schema.dense_in_features
         )
-        if checked is not None:
-            dense, lengths, per_key = checked
-            kjt = KeyedJaggedTensor(
-                keys=schema.feature_names,
-                values=values,
-                lengths=lengths,
-                stride=b,
-                length_per_key=per_key.tolist(),
-                validate=False,
+    if checked is not None:
+        dense, lengths, per_key = checked
+    else:  # keys to re-order, weights, or a check failed: this path also names what is wrong
+        dense = _check_dense(arrays.dense, b, schema.dense_in_features)
+        lengths = _check_lengths(arrays.lengths, arrays.keys, b, values.numel())
+        if weights is not None:
+            _check_weights(weights, values.numel(), arrays.keys, schema)
+        num_keys = len(arrays.keys)
+        per_key = lengths.view(num_keys, b).sum(dim=1)
+        if order is not None:
+            lengths, values, weights, per_key = _permute(
+                order, lengths.view(num_keys, b), values, weights, per_key
             )
-            return InferenceRequest(dense, kjt, arrays.request_id)
-    # Keys to re-order, weights, or a check failed: this path also names what is wrong.
-    dense = _check_dense(arrays.dense, b, schema.dense_in_features)
-    lengths = _check_lengths(arrays.lengths, arrays.keys, b, values.numel())
-    if weights is not None:
-        _check_weights(weights, values.numel(), arrays.keys, schema)
-    num_keys = len(arrays.keys)
-    per_key = lengths.view(num_keys, b).sum(dim=1)
-    if order is not None:
-        lengths, values, weights, per_key = _permute(
-            order, lengths.view(num_keys, b), values, weights, per_key
-        )
-    _check_ids(values, per_key, schema)
+        _check_ids(values, per_key, schema)
     kjt = KeyedJaggedTensor(
         keys=schema.feature_names,
         values=values,

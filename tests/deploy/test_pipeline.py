@@ -146,6 +146,11 @@ def _scrape(port: int) -> dict[str, list]:
     return samples
 
 
+def _served_versions(port: int) -> set[str]:
+    """The versions some worker serves, by the summed ``recserve_model_info`` of the /metrics page."""
+    return {s.labels["version"] for s in _scrape(port).get("recserve_model_info", []) if s.value > 0}
+
+
 def _predict_until(client, dense, kjt, stop: threading.Event, failures: list, counts: list) -> None:
     while not stop.is_set():
         try:
@@ -180,13 +185,15 @@ def test_workloads_train_export_serve_and_roll_to_a_new_version(tmp_path: Path):
         load.start()
         try:
             _export(tmp_path, "2")
+            # Each worker watches and swaps on its own: the roll is over when every one serves version 2.
             deadline = time.monotonic() + 90
-            while client.metadata().version != "2" and time.monotonic() < deadline:
+            while _served_versions(metrics_port) != {"2"} and time.monotonic() < deadline:
                 time.sleep(0.5)
         finally:
             stop.set()
             load.join()
-        assert client.metadata().version == "2", "the watching server did not swap in version 2"
+        assert _served_versions(metrics_port) == {"2"}, "the watching workers did not all swap in version 2"
+        assert client.metadata().version == "2"
         assert not failures and counts, f"{len(failures)} failed requests while rolling: {failures[:3]}"
 
         scraped = _scrape(metrics_port)

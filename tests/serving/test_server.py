@@ -60,6 +60,13 @@ def test_typed_fields_and_plain_lists_give_the_same_scores(package):
     torch.testing.assert_close(torch.tensor(lists), raw)
 
 
+def test_a_max_batch_smaller_than_the_warm_up_batch_starts_and_serves(package):
+    dense, kjt = random_batch(2, seed=3)
+    with running_server(package, max_batch_size=2) as server:
+        scores = PredictorClient(target(server)).predict(dense, kjt)
+    torch.testing.assert_close(scores, Predictor.load(package).predict(dense, kjt))
+
+
 def test_deadline_exceeded_in_the_queue_is_dropped_before_compute(package):
     with running_server(package, max_queue_delay_ms=400) as server:
         client = PredictorClient(target(server))
