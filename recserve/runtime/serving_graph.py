@@ -69,13 +69,13 @@ class ServingGraph:
         return self._whole is not None
 
     def __call__(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
-        # The JIT's optimising executor re-profiles per new input shape; the plain one runs the ops at once.
-        with torch.jit.optimized_execution(False):
-            if self._whole is not None:
-                inputs = self._lookups.single_kernel_inputs(kjt)
-                if inputs is not None:
+        if self._whole is not None:
+            inputs = self._lookups.single_kernel_inputs(kjt)
+            if inputs is not None:
+                # The JIT's optimising executor re-profiles per new input shape; the plain one runs at once.
+                with torch.jit.optimized_execution(False):
                     return self._whole(dense, *inputs)
-            return self._dense_part(dense, self._lookups(kjt).values())
+        return self.routed(dense, kjt)
 
     def routed(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
         """The eager lookups, then the traced dense part (what ``graph(dense, kjt)`` does when not fused)."""
