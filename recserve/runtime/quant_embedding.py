@@ -162,6 +162,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         if self._mode == "select":
             self._target = torch.argsort(self._target)
         self._mean_spans = self._divided_spans(placement)
+        self._one_kernel = self._is_one_kernel()  # fixed by the layout: found once, read per batch
         self._span_positions: dict[tuple[str, ...], list[int]] = {}
 
     def _build_lookups(
@@ -226,17 +227,18 @@ class QuantEmbeddingBagCollection(nn.Module):
     def single_kernel(self) -> nn.Module | None:
         """The one FBGEMM module every lookup runs in, when its output is the collection's output as is
         (one device and pooling mode, whole tables, no re-ordered columns, no MEAN to divide); else None."""
+        return self._lookups[0].tbe if self._one_kernel else None
+
+    def _is_one_kernel(self) -> bool:
         if len(self._lookups) != 1 or self._mode != "identity" or self._mean_spans:
-            return None
+            return False
         lookup = self._lookups[0]
-        if lookup.partial or lookup.device != self._device:
-            return None
-        return lookup.tbe
+        return not lookup.partial and lookup.device == self._device
 
     def single_kernel_inputs(self, features: KJTLike) -> tuple[Tensor, Tensor, Tensor | None] | None:
         """``(indices, offsets, per_sample_weights)`` for ``single_kernel()`` when ``features`` feed it as
         they are (keys in the kernel's feature order, values and offsets of one dtype); else None."""
-        if self.single_kernel() is None:
+        if not self._one_kernel:
             return None
         if list(features.keys()) != self._router.features or features.variable_stride_per_key():
             return None
