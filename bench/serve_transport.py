@@ -1,17 +1,25 @@
-"""Would a ``grpc.aio`` data plane meet issue 15's objective? ``recserve serve`` vs a minimal aio server.
+"""Would a ``grpc.aio`` data plane meet issue 15's objective? ``recserve serve`` vs two minimal aio servers.
 
 ``recserve serve`` answers every RPC on a handler thread of a synchronous gRPC server: the polling thread
 wakes a handler per request and the batch thread wakes each request's handler when its batch is done. The
-alternative measured here answers ``Predict`` as a coroutine on each worker's event loop (``grpc.aio``): the
-same :class:`InferenceCore`, batcher settings, decoding, validation and reply (``predict_response``), and
-``asyncio.wrap_future`` on the batcher's future. It has none of the server's admission control, status
-mapping, metrics or queue-lag probes, so it bounds what a change of transport alone can give; it is not a
-server to run.
+alternatives measured here answer ``Predict`` as a coroutine on each worker's event loop (``grpc.aio``), with
+the same :class:`InferenceCore` / :class:`ModelRunner`, batcher settings, decoding, validation and reply
+(``predict_response``):
 
-Rounds alternate the two (a noisy neighbour then hits both), each: closed-loop capacity with the server's CPU
-ms per request (its processes, from /proc), then open-loop Poisson arrivals at ``--load`` of that capacity,
-their latency split by each reply's own timings into the batcher's queue, the batch's compute, the rest of
-the server and what lies outside it (gRPC both ways and the client).
+- ``grpc.aio``: the coroutine queues on the runner's batcher thread and awaits its future
+  (``asyncio.wrap_future``), so a worker has two busy threads, the loop and the batch thread;
+- ``grpc.aio, batches on the loop``: the loop forms the batches itself (a batch closes at
+  ``--max-batch-size`` examples or when its oldest request has waited ``--max-queue-delay-ms``, as the
+  batcher's) and computes them inline, so a worker has one busy Python thread and requests that arrive
+  during a batch wait in gRPC core, not in a thread competing with the batch for the CPU.
+
+Neither has the server's admission control, status mapping, metrics, deadlines or queue-lag probes, so
+they bound what a change of transport alone can give; they are not servers to run.
+
+Rounds alternate the three (a noisy neighbour then hits all), each: closed-loop capacity with the server's
+CPU ms per request (its processes, from /proc), then open-loop Poisson arrivals at ``--load`` of that
+capacity, their latency split by each reply's own timings into the batcher's queue, the batch's compute, the
+rest of the server and what lies outside it (gRPC both ways and the client).
 
     .venv/bin/python bench/serve_transport.py [--rounds 3] [--workers 2] [--duration 8] [--load 0.5]
 """
@@ -20,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import functools
 import multiprocessing
 import os
 import signal
@@ -43,9 +53,63 @@ from serve_throughput import (
 
 from recserve.client.loadgen import LoadgenConfig, requests_for, run_loadgen
 from recserve.client.openloop import OpenLoopConfig, run_open_loop
+from recserve.server.batcher import Completed
 
 
-def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms: float) -> None:
+class _LoopBatches:
+    """Batches formed and computed on the event loop (the ``batches on the loop`` variant)."""
+
+    def __init__(self, runner, max_batch_size: int, max_queue_delay_s: float) -> None:
+        self._runner = runner
+        self._max = max_batch_size
+        self._delay = max_queue_delay_s
+        self._pending: collections.deque = collections.deque()  # (request, future, arrival)
+        self._examples = 0
+        self._timer: asyncio.Handle | None = None
+
+    def submit(self, request) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future, time.monotonic()))
+        self._examples += request.batch_size
+        if self._examples >= self._max and self._timer is not None:
+            self._timer.cancel()  # full: run it now rather than at the oldest request's deadline
+            self._timer = None
+        self._schedule()
+        return future
+
+    def _schedule(self) -> None:
+        if not self._pending or self._timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._examples >= self._max:
+            self._timer = loop.call_soon(self._run_batch)
+        else:
+            wait = self._pending[0][2] + self._delay - time.monotonic()
+            self._timer = loop.call_at(loop.time() + max(0.0, wait), self._run_batch)
+
+    def _run_batch(self) -> None:
+        self._timer = None
+        batch, examples = [], 0
+        while self._pending and (not batch or examples + self._pending[0][0].batch_size <= self._max):
+            batch.append(self._pending.popleft())
+            examples += batch[-1][0].batch_size
+        self._examples -= examples
+        start = time.monotonic()
+        try:
+            scores = self._runner._predict_batch([request for request, _, _ in batch])
+        except Exception as exc:
+            for _, future, _ in batch:
+                future.set_exception(exc)
+        else:
+            seconds = time.monotonic() - start
+            for (_, future, arrival), result in zip(batch, scores):
+                future.set_result(Completed(result, start - arrival, seconds, examples))
+        self._schedule()
+
+
+def _aio_worker(
+    package: str, port: int, max_batch_size: int, max_queue_delay_ms: float, on_loop: bool
+) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_health.v1.health import aio as health_aio
@@ -53,19 +117,28 @@ def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms
     from recserve.server.app import load_runner
     from recserve.server.batcher import BatcherConfig
     from recserve.server.codec import decode_predict_request
-    from recserve.server.core import InferenceCore
+    from recserve.server.core import InferenceCore, InferenceResult
     from recserve.server.metrics import ServerMetrics
     from recserve.server.protos import PREDICTOR_SERVICE, pb2
     from recserve.server.servicer import PredictorServicer, predict_response
+    from recserve.server.validation import check_request
 
     torch.set_num_threads(1)  # as `recserve serve` sets it: cores / workers
     batching = BatcherConfig(max_batch_size, max_queue_delay_ms / 1000.0)
     core = InferenceCore(load_runner(Path(package), batching, ServerMetrics()))
     metadata = PredictorServicer(core).ModelMetadata
+    runner = core.runner
+    loop_batches = _LoopBatches(runner, max_batch_size, batching.max_queue_delay_s) if on_loop else None
 
     async def predict(request, context):
         received = time.monotonic()
         arrays = decode_predict_request(request)
+        if loop_batches is not None:
+            done = await loop_batches.submit(check_request(arrays, runner.schema))
+            result = InferenceResult(
+                done.result, *runner.model_id, done.queue_seconds, done.inference_seconds, done.batch_size
+            )
+            return predict_response(request, result, received)
         ticket = core.submit(arrays, model_name=request.model_name, received=received)
         with contextlib.suppress(Exception):  # complete() re-raises it
             await asyncio.wrap_future(ticket.future)
@@ -98,10 +171,12 @@ def _aio_worker(package: str, port: int, max_batch_size: int, max_queue_delay_ms
     asyncio.run(serve())
 
 
-def _aio_main(package: str, port: int, workers: int, max_batch_size: int, max_queue_delay_ms: float) -> None:
+def _aio_main(
+    package: str, port: int, workers: int, max_batch_size: int, max_queue_delay_ms: float, on_loop: bool
+) -> None:
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_aio_worker, args=(package, port, max_batch_size, max_queue_delay_ms))
+        ctx.Process(target=_aio_worker, args=(package, port, max_batch_size, max_queue_delay_ms, on_loop))
         for _ in range(workers)
     ]
     for p in procs:
@@ -114,9 +189,11 @@ def _aio_main(package: str, port: int, workers: int, max_batch_size: int, max_qu
         p.join()
 
 
-def start_aio_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+def start_aio_server(
+    package: Path, port: int, args: argparse.Namespace, *, on_loop: bool = False
+) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "--aio-server", str(package), str(port), str(args.workers)]
-    cmd += [str(args.max_batch_size), str(args.max_queue_delay_ms)]
+    cmd += [str(args.max_batch_size), str(args.max_queue_delay_ms), "loop" if on_loop else "thread"]
     proc = wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
     time.sleep(2.0 * args.workers)  # every worker listening, not just the first to report SERVING
     return proc
@@ -150,7 +227,11 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=512)
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     args = ap.parse_args()
-    starts = {"sync (recserve serve)": start_server, "grpc.aio": start_aio_server}
+    starts = {
+        "sync (recserve serve)": start_server,
+        "grpc.aio": start_aio_server,
+        "grpc.aio, batches on the loop": functools.partial(start_aio_server, on_loop=True),
+    }
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in starts}
     with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
         package = export_standard(Path(tmp) / "pkg")
@@ -178,7 +259,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--aio-server"]:
-        package, port, workers, batch, delay = sys.argv[2:7]
-        _aio_main(package, int(port), int(workers), int(batch), float(delay))
+        package, port, workers, batch, delay, where = sys.argv[2:8]
+        _aio_main(package, int(port), int(workers), int(batch), float(delay), where == "loop")
     else:
         main()

@@ -142,6 +142,8 @@ class QueueLag:
                 call(b"", metadata=((self.HEADER, f"{self._secret} {sent!r}"),), timeout=60)
             except grpc.RpcError:
                 pass  # stopping, or no answer in 60 s (a probe is never refused): lag_s() saw it wait
+            except ValueError:  # grpc's "closed channel": stop() closed it between the wait and this call
+                return
             finally:
                 self._sent[method] = None
 

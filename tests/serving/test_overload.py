@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -153,3 +154,15 @@ def test_queue_lag_is_measured_by_the_servers_own_probes_only(package):
         assert info.code() == grpc.StatusCode.OK  # a forged probe is an ordinary call
         metrics = scrape(server)
     assert _counts(metrics, PREDICT) == {"OK": 1}  # probes are not counted
+
+
+def test_a_probe_thread_whose_channel_closes_under_it_ends_quietly(package, monkeypatch):
+    crashed = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    with running_server(package) as server:
+        lag = server.lag
+        lag._channel.close()  # as stop() does; the probe threads find it closed at their next call
+        for thread in lag._threads:
+            thread.join(10)
+            assert not thread.is_alive()
+        assert crashed == []
