@@ -10,6 +10,7 @@ future; when the batch function raises, every request of that batch gets the exc
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -74,7 +75,10 @@ class _Pending(Generic[T]):
 class DynamicBatcher(Generic[T, R]):
     """Runs ``fn(items) -> results`` (one result per item, in order) on batches formed from ``submit`` calls.
 
-    A single daemon thread forms and runs the batches, so ``fn`` is never called concurrently with itself.
+    Batches form and run on one asyncio event loop, so ``fn`` is never called concurrently with itself:
+    ``loop`` when given (a server whose event loop also answers the RPCs runs its batches between them, with
+    no second busy thread), else a loop of the batcher's own on a daemon thread. ``submit`` may be called
+    from any thread.
     """
 
     def __init__(
@@ -84,16 +88,24 @@ class DynamicBatcher(Generic[T, R]):
         *,
         observer: BatchObserver | None = None,
         name: str = "batcher",
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._fn = fn
         self.config = config
         self._observer = observer
         self._queue: collections.deque[_Pending[T]] = collections.deque()
         self._queued_examples = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._drained = threading.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._wake_pending = False  # a _decide is scheduled: a submit need not schedule another
+        self._thread: threading.Thread | None = None
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
+            self._thread.start()
+        self._loop = loop
 
     def submit(self, item: T, *, size: int, deadline: float | None = None) -> Future:
         """Queues ``item`` (``size`` examples); ``deadline`` is a ``time.monotonic()`` instant or None.
@@ -102,7 +114,7 @@ class DynamicBatcher(Generic[T, R]):
         :class:`UnavailableError` once the batcher is closed.
         """
         pending = _Pending(item, size, time.monotonic(), deadline)
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise UnavailableError("the server is shutting down and accepts no new requests")
             if len(self._queue) >= self.config.max_queue_size:
@@ -114,43 +126,89 @@ class DynamicBatcher(Generic[T, R]):
             self._queue.append(pending)
             self._queued_examples += size
             depth = len(self._queue)
-            # Wake the batch thread only when it has something new to decide on.
-            if was_empty or self._queued_examples >= self.config.max_batch_size:
-                self._cond.notify()
+            # Wake the loop only when it has something new to decide on.
+            wake = was_empty or self._queued_examples >= self.config.max_batch_size
+        if wake:
+            self._wake()
         if self._observer is not None:
             self._observer.queue_depth(depth)
         return pending.future
 
     def queue_depth(self) -> int:
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuses new requests, finishes every queued one, and stops the batch thread."""
-        with self._cond:
+        """Refuses new requests, finishes every queued one, and stops the batcher's own loop (if it has one).
+
+        Called on the batcher's loop itself, it runs the queued batches there and then returns.
+        """
+        with self._lock:
             self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout)
+        if self._on_loop():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            while self._run_batch():
+                pass
+            self._drained.set()
+            return
+        self._wake()
+        # Past the timeout the batcher's own loop keeps draining in the background rather than drop requests.
+        if self._drained.wait(timeout) and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
 
-    def _run(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def _wake(self) -> None:
+        """Schedules one :meth:`_decide` on the loop, unless one is already scheduled."""
+        with self._lock:
+            if self._wake_pending:
                 return
-            self._execute(batch)
+            self._wake_pending = True
+        if self._on_loop():
+            self._loop.call_soon(self._decide)
+        else:
+            self._loop.call_soon_threadsafe(self._decide)
 
-    def _next_batch(self) -> list[_Pending[T]] | None:
+    def _decide(self) -> None:
+        """On the loop: run a batch now if one is due, else set a timer for when the oldest request's wait
+        ends (a batch closes at ``max_batch_size`` examples or ``max_queue_delay_s`` after its oldest
+        request arrived)."""
         cfg = self.config
-        with self._cond:
-            while not self._queue:
+        with self._lock:
+            self._wake_pending = False
+            if not self._queue:
                 if self._closed:
-                    return None
-                self._cond.wait()
-            while not self._closed and self._queued_examples < cfg.max_batch_size:
-                remaining = self._queue[0].arrival + cfg.max_queue_delay_s - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+                    self._drained.set()
+                return
+            due = self._queue[0].arrival + cfg.max_queue_delay_s
+            ready = self._closed or self._queued_examples >= cfg.max_batch_size
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        remaining = due - time.monotonic()
+        if ready or remaining <= 0:
+            self._run_batch()
+            self._wake()  # the rest of the queue, after the loop has taken what arrived meanwhile
+        else:
+            self._timer = self._loop.call_at(self._loop.time() + remaining, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._decide()
+
+    def _run_batch(self) -> bool:
+        """Takes the next batch off the queue and computes it; False if the queue was empty."""
+        cfg = self.config
+        with self._lock:
+            if not self._queue:
+                return False
             batch = [self._queue.popleft()]
             examples = batch[0].size
             while self._queue and examples + self._queue[0].size <= cfg.max_batch_size:
@@ -160,7 +218,8 @@ class DynamicBatcher(Generic[T, R]):
             depth = len(self._queue)
         if self._observer is not None:
             self._observer.queue_depth(depth)
-        return batch
+        self._execute(batch)
+        return True
 
     def _execute(self, batch: list[_Pending[T]]) -> None:
         start = time.monotonic()

@@ -1,5 +1,6 @@
 """DynamicBatcher with a real batch function: size and delay limits, bounded queue, deadlines, failures."""
 
+import asyncio
 import threading
 import time
 
@@ -131,3 +132,36 @@ def test_config_rejects_bad_limits():
         BatcherConfig(max_batch_size=0)
     with pytest.raises(ValueError, match="max_queue_delay_s"):
         BatcherConfig(max_queue_delay_s=-1)
+
+
+def test_closing_drains_thousands_of_one_request_batches():
+    b = DynamicBatcher(lambda items: items, BatcherConfig(max_batch_size=1, max_queue_delay_s=10))
+    futures = [b.submit(i, size=1) for i in range(3000)]
+    b.close(30)
+    assert [f.result(0).result for f in futures] == list(range(3000))
+
+
+def test_a_batcher_on_the_callers_event_loop_computes_there_between_the_loops_other_work():
+    async def main():
+        loop = asyncio.get_running_loop()
+        ran_on = []
+
+        def fn(items):
+            ran_on.append(threading.get_ident())
+            return [2 * x for x in items]
+
+        b = DynamicBatcher(fn, BatcherConfig(max_batch_size=4, max_queue_delay_s=0.01), loop=loop)
+        # submitted by coroutines on the loop and by another thread: one batch executor for both
+        from_loop = [asyncio.wrap_future(b.submit(i, size=1)) for i in range(6)]
+        other = await loop.run_in_executor(None, lambda: b.submit(10, size=1))
+        results = [c.result for c in await asyncio.gather(*from_loop, asyncio.wrap_future(other))]
+        assert results == [0, 2, 4, 6, 8, 10, 20]
+        assert set(ran_on) == {threading.get_ident()}  # the loop's own thread: no batch thread
+        assert len(ran_on) >= 2  # 4 examples at most per batch
+        queued = b.submit(5, size=1)
+        b.close()  # on the loop: the queued batch runs here before close returns
+        assert queued.result(0).result == 10
+        with pytest.raises(UnavailableError):
+            b.submit(1, size=1)
+
+    asyncio.run(main())
