@@ -194,8 +194,10 @@ class DynamicBatcher(Generic[T, R]):
             self._timer = None
         remaining = due - time.monotonic()
         if ready or remaining <= 0:
-            self._run_batch()
-            self._wake()  # the rest of the queue, after the loop has taken what arrived meanwhile
+            try:
+                self._run_batch()
+            finally:
+                self._wake()  # the rest of the queue, after the loop has taken what arrived meanwhile
         else:
             self._timer = self._loop.call_at(self._loop.time() + remaining, self._on_timer)
 
@@ -225,12 +227,14 @@ class DynamicBatcher(Generic[T, R]):
         start = time.monotonic()
         live = []
         for p in batch:
+            if not p.future.set_running_or_notify_cancel():
+                continue  # its caller cancelled it (a client that left): nothing to answer
             if p.deadline is not None and p.deadline <= start:
                 waited = start - p.arrival
                 p.future.set_exception(
                     DeadlineExceededError(f"deadline passed after {waited * 1e3:.1f} ms in the queue")
                 )
-            elif p.future.set_running_or_notify_cancel():
+            else:
                 live.append(p)
         if not live:
             return

@@ -165,3 +165,15 @@ def test_a_batcher_on_the_callers_event_loop_computes_there_between_the_loops_ot
             b.submit(1, size=1)
 
     asyncio.run(main())
+
+
+def test_a_request_cancelled_while_queued_is_left_out_and_the_batcher_goes_on():
+    fn = Recorder()
+    b = DynamicBatcher(fn, BatcherConfig(max_batch_size=10, max_queue_delay_s=0.05))
+    expired = b.submit(1, size=1, deadline=time.monotonic())  # its caller gives up before the batch runs
+    left = b.submit(2, size=1)
+    assert expired.cancel() and left.cancel()
+    kept = b.submit(3, size=1)
+    assert kept.result(5).result == 6
+    b.close(5)
+    assert fn.batches == [[3]]
