@@ -21,10 +21,10 @@ from grpc_reflection.v1alpha import reflection
 
 from recserve.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
 from recserve.server.config import ServeConfig
+from recserve.server.control import ModelControl
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics
 from recserve.server.protos import ADMIN_SERVICE, pb2, pb2_grpc
-from recserve.server.reload import Reloader
 from recserve.server.status import StatusInterceptor
 
 logger = logging.getLogger(__name__)
@@ -51,15 +51,15 @@ def resolve_under_root(package_dir: str, root: Path | None) -> Path:
 
 
 class AdminServicer(pb2_grpc.AdminServicer):
-    def __init__(self, reloader: Reloader, root: Path | None) -> None:
-        self._reloader = reloader
+    def __init__(self, control: ModelControl, root: Path | None) -> None:
+        self._control = control
         self._root = root
 
     def ReloadModel(
         self, request: pb2.ReloadModelRequest, context: grpc.ServicerContext
     ) -> pb2.ReloadModelResponse:
         package_dir = resolve_under_root(request.package_dir, self._root) if request.package_dir else None
-        name, version, swapped = self._reloader.reload(package_dir)
+        name, version, swapped = self._control.reload(package_dir)
         return pb2.ReloadModelResponse(model_name=name, model_version=version, swapped=swapped)
 
 
@@ -94,7 +94,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return False
 
 
-def build_admin_server(cfg: ServeConfig, reloader: Reloader, metrics: ServerMetrics) -> grpc.Server:
+def build_admin_server(cfg: ServeConfig, control: ModelControl, metrics: ServerMetrics) -> grpc.Server:
     """The admin gRPC server (not started); counted in the same metrics as the data plane."""
     interceptors: list[grpc.ServerInterceptor] = [StatusInterceptor(metrics)]
     if cfg.admin_token is not None:
@@ -104,6 +104,6 @@ def build_admin_server(cfg: ServeConfig, reloader: Reloader, metrics: ServerMetr
         interceptors=interceptors,
         options=[("grpc.so_reuseport", 1 if cfg.workers > 1 else 0)],
     )
-    add_service(server, pb2, "Admin", AdminServicer(reloader, cfg.effective_reload_root), DecodeFailureLog())
+    add_service(server, pb2, "Admin", AdminServicer(control, cfg.effective_reload_root), DecodeFailureLog())
     reflection.enable_server_reflection((ADMIN_SERVICE, reflection.SERVICE_NAME), server)
     return server

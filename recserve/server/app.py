@@ -26,6 +26,7 @@ from recserve.server.admin import build_admin_server
 from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
 from recserve.server.batcher import BatcherConfig
 from recserve.server.config import ServeConfig
+from recserve.server.control import ModelControl, SharedControl
 from recserve.server.core import InferenceCore
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
@@ -93,9 +94,13 @@ class RecServer:
             watch_dir=cfg.watch,
             interval_s=cfg.watch_interval_s,
         )
+        # Reload, load and unload change the model of every worker, whichever one the call reached.
+        self.control: ModelControl = self.reloader
+        if cfg.control_dir is not None:
+            self.control = SharedControl(self.reloader, cfg.control_dir, cfg.worker_index, cfg.workers)
         self.repository = Repository(
             self.core,
-            self.reloader,
+            self.control,
             cfg.effective_reload_root,
             polling=cfg.watch is not None,
         )
@@ -108,7 +113,7 @@ class RecServer:
             self.lag = QueueLag(watched, target_s=cfg.max_queue_lag_ms / 1000.0)
         self._shed_pool = shed_pool()
         self._server = self._build_grpc_server()
-        self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.reloader, self.metrics)
+        self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.control, self.metrics)
         self._metrics_http = None
         self._rest = None
         if cfg.http_port is not None:
@@ -161,6 +166,9 @@ class RecServer:
 
     def start(self) -> int:
         cfg = self.cfg
+        if isinstance(self.control, SharedControl):
+            # A worker that starts late catches up on the model calls the others got before it serves.
+            self.control.start()
         address = f"{cfg.host}:{cfg.port}"
         if cfg.tls_cert is not None:
             self.port = self._server.add_secure_port(address, _server_credentials(cfg))
@@ -226,6 +234,8 @@ class RecServer:
         if self._admin is not None:
             self._admin.stop(grace=None)
         self.reloader.stop()
+        if isinstance(self.control, SharedControl):
+            self.control.stop()
         if self.lag is not None:
             self.lag.stop()
         grpc_stopped = self._server.stop(grace=self.cfg.drain_timeout_s)  # both ports drain at once
@@ -260,6 +270,7 @@ def run_server(cfg: ServeConfig) -> int:
     return 0
 
 
-def worker_config(cfg: ServeConfig) -> ServeConfig:
-    """The options one of several workers runs with: the parent serves the aggregated /metrics."""
-    return replace(cfg, metrics_port=None)
+def worker_config(cfg: ServeConfig, index: int, control_dir: Path) -> ServeConfig:
+    """The options worker ``index`` of several runs with: the parent serves the aggregated /metrics, and
+    model control goes through ``control_dir``, which every worker shares."""
+    return replace(cfg, metrics_port=None, worker_index=index, control_dir=control_dir)

@@ -47,6 +47,9 @@ class ServeConfig:
     admin_port: int | None = 50052  # None: no admin service
     admin_token: str | None = None  # required in the metadata of admin calls when set
     reload_root: Path | None = None  # None: the --watch dir, else the --package dir's parent
+    # Set by the parent of --workers N for each worker (recserve.server.control): model control is shared.
+    worker_index: int = 0
+    control_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.package is None and self.watch is None:

@@ -17,9 +17,9 @@ import logging
 from pathlib import Path
 
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
+from recserve.server.control import ModelControl
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2
-from recserve.server.reload import Reloader
 from recserve.server.runner import ModelRunner
 from recserve.server.stats import BatchStages, Duration
 
@@ -116,13 +116,13 @@ class Repository:
     def __init__(
         self,
         core: InferenceCore,
-        reloader: Reloader,
+        control: ModelControl,
         root: Path | None,
         *,
         polling: bool,
     ) -> None:
         self._core = core
-        self._reloader = reloader
+        self._control = control
         self._root = root
         self._polling = polling
 
@@ -137,7 +137,7 @@ class Repository:
 
     def load(self, model_name: str, parameters) -> None:
         self._check(model_name, parameters, allowed=())
-        name, version, swapped = self._reloader.load_latest(self._root)
+        name, version, swapped = self._control.load_latest(self._root)
         logger.info(
             "repository load of %s: serving version %s%s", name, version, "" if swapped else " (already)"
         )
@@ -145,7 +145,7 @@ class Repository:
     def unload(self, model_name: str, parameters) -> None:
         # tritonclient always sends unload_dependents; our model has no dependents, so it changes nothing.
         self._check(model_name, parameters, allowed=("unload_dependents",))
-        self._reloader.unload()
+        self._control.unload()
 
     def _check(self, model_name: str, parameters, allowed: tuple[str, ...]) -> None:
         if self._polling:

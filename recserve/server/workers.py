@@ -43,12 +43,19 @@ def _serve_workers(cfg: ServeConfig) -> int:
     from recserve.server.app import worker_config
     from recserve.server.metrics import prepare_multiprocess_dir, start_metrics_http_server
 
-    with tempfile.TemporaryDirectory(prefix="recserve-metrics-") as metrics_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="recserve-metrics-") as metrics_dir,
+        tempfile.TemporaryDirectory(prefix="recserve-control-") as control_dir,
+    ):
         prepare_multiprocess_dir(Path(metrics_dir))  # inherited by the spawned workers' environment
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger("recserve").getEffectiveLevel()
         procs = [
-            ctx.Process(target=_worker_main, args=(worker_config(cfg), i, level), name=f"recserve-worker{i}")
+            ctx.Process(
+                target=_worker_main,
+                args=(worker_config(cfg, i, Path(control_dir)), i, level),
+                name=f"recserve-worker{i}",
+            )
             for i in range(cfg.workers)
         ]
         for p in procs:

@@ -13,10 +13,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from recserve.client import PredictorClient
+from recserve.client import AdminClient, PredictorClient
 from recserve.client.loadgen import LoadgenConfig, run_loadgen
+from recserve.server.protos import oip_pb2, oip_pb2_grpc
 
-from .conftest import free_port, parse_metrics, random_batch
+from .conftest import copy_package, free_port, parse_metrics, random_batch
+from .test_oip import infer_request
 
 CLI = [sys.executable, "-m", "recserve.cli"]
 
@@ -97,6 +99,69 @@ def test_two_workers_share_one_port_and_one_metrics_page(package):
         if proc.poll() is None:
             proc.kill()
     assert proc.stdout.read().count("drained and stopped") == 2
+
+
+@pytest.mark.slow
+def test_reload_unload_and_load_reach_every_worker_whichever_one_gets_the_call(packages, tmp_path):
+    """With 2 workers, admin reload and Triton's repository unload/load change the model of both before
+    they answer: no connection goes on being served the old model (or none) by the worker the call missed."""
+    repo = tmp_path / "tiny"
+    copy_package(packages["1"], repo / "1")
+    port, metrics_port, admin_port = free_port(), free_port(), free_port()
+    proc = start_serve(
+        "--package", str(repo / "1"), "--port", str(port), "--metrics-port", str(metrics_port),
+        "--workers", "2", "--admin-port", str(admin_port),
+    )  # fmt: skip
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(8)]  # spread over the workers
+    stubs = [oip_pb2_grpc.GRPCInferenceServiceStub(c) for c in channels]
+    request = infer_request(*random_batch(2, seed=3), raw=True)
+
+    def served() -> dict[str, float]:  # version -> max over the live workers of recserve_model_info
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        return {dict(k)["version"]: v for k, v in parse_metrics(text).get("recserve_model_info", {}).items()}
+
+    def versions_answered() -> set[str]:
+        answers = set()
+        for stub in stubs:
+            try:
+                answers.add(stub.ModelInfer(request, timeout=30).model_version)
+            except grpc.RpcError as e:
+                answers.add(e.code().name)
+        return answers
+
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum("serving tiny 1 on" in line for line in list(lines)) < 2:  # both workers listen
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        assert versions_answered() == {"1"}
+        copy_package(packages["2"], repo / "2")
+        assert AdminClient(f"127.0.0.1:{admin_port}").reload("2", timeout=120) == ("tiny", "2", True)
+        assert served() == {"1": 0, "2": 1}  # both workers swapped before the call returned
+        assert versions_answered() == {"2"}
+
+        stubs[0].RepositoryModelUnload(oip_pb2.RepositoryModelUnloadRequest(model_name="tiny"), timeout=120)
+        assert served() == {"1": 0, "2": 0}
+        assert versions_answered() == {"UNAVAILABLE"}
+        stubs[-1].RepositoryModelLoad(oip_pb2.RepositoryModelLoadRequest(model_name="tiny"), timeout=120)
+        assert served() == {"1": 0, "2": 1}
+        assert versions_answered() == {"2"}
+
+        with pytest.raises(grpc.RpcError) as info:  # fails in every worker: the first one's error, named
+            AdminClient(f"127.0.0.1:{admin_port}").reload("3", timeout=120)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = info.value.details()
+        assert details.startswith("worker 0: ") and "still serving tiny 2" in details
+        assert versions_answered() == {"2"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        for c in channels:
+            c.close()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _make_certs(d: Path) -> dict[str, Path]:

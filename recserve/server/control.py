@@ -1,0 +1,173 @@
+"""Model control that reaches every worker: a reload, load or unload of a ``--workers N`` server is all of it.
+
+The kernel hands a control call (admin ``ReloadModel``, Triton's repository load/unload, their REST forms) to
+one worker. Applied there alone, that worker would serve the new model (or none) while the others went on
+serving the old one, each to the connections the kernel gave it. :class:`SharedControl` makes every such
+action the whole server's: the worker that receives it appends it to a log in a directory the parent created
+(one JSON file per action, numbered under a file lock), every worker's follower thread applies the log in
+order and acknowledges each action with its outcome, and the receiving worker answers once all N have, with
+the error of any that failed. A worker that starts late applies what it missed before it follows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from recserve.errors import InvalidRequestError, PackageError, UnavailableError
+from recserve.server.reload import Reloader
+
+logger = logging.getLogger(__name__)
+
+# The errors a worker's apply can raise that keep their status code when the receiving worker reports them.
+_KNOWN_ERRORS = {cls.__name__: cls for cls in (PackageError, UnavailableError, InvalidRequestError)}
+
+
+class ModelControl(Protocol):
+    """What the control calls do to the served model (:class:`Reloader` in one process)."""
+
+    def reload(self, package_dir: Path | None = None) -> tuple[str, str, bool]: ...
+
+    def load_latest(self, root: Path | None) -> tuple[str, str, bool]: ...
+
+    def unload(self) -> bool: ...
+
+
+class SharedControl:
+    """:class:`ModelControl` for worker ``index`` of ``workers``, coordinated through ``control_dir``."""
+
+    def __init__(
+        self,
+        reloader: Reloader,
+        control_dir: Path,
+        index: int,
+        workers: int,
+        *,
+        poll_s: float = 0.05,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self._reloader = reloader
+        self._dir = Path(control_dir)
+        self._index = index
+        self._workers = workers
+        self._poll_s = poll_s
+        self._timeout_s = timeout_s
+        self._applied = 0  # actions are numbered from 1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def reload(self, package_dir: Path | None = None) -> tuple[str, str, bool]:
+        name, version, swapped = self._run({"kind": "reload", "path": _str(package_dir)})
+        return name, version, swapped
+
+    def load_latest(self, root: Path | None) -> tuple[str, str, bool]:
+        name, version, swapped = self._run({"kind": "load_latest", "path": _str(root)})
+        return name, version, swapped
+
+    def unload(self) -> bool:
+        return bool(self._run({"kind": "unload", "path": None}))
+
+    def start(self) -> None:
+        """Applies the actions logged so far (a worker that started late), then follows the log."""
+        self._catch_up()
+        self._thread = threading.Thread(target=self._follow, name="model-control", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self, action: dict):
+        number = self._publish(action)
+        deadline = time.monotonic() + self._timeout_s
+        acks: dict[int, dict] = {}
+        while len(acks) < self._workers:
+            for i in range(self._workers):
+                if i not in acks and (ack := _read_json(self._ack_path(number, i))) is not None:
+                    acks[i] = ack
+            if len(acks) < self._workers:
+                if self._stop.is_set():
+                    raise UnavailableError(
+                        f"{action['kind']}: the server is stopping; the workers may differ"
+                    )
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(self._workers)) - set(acks))
+                    raise UnavailableError(
+                        f"{action['kind']}: worker(s) {missing} of {self._workers} did not apply it within "
+                        f"{self._timeout_s:g} s; the workers may now serve different models"
+                    )
+                self._stop.wait(self._poll_s)
+        failed = {i: ack for i, ack in acks.items() if not ack["ok"]}
+        if failed:
+            i, ack = min(failed.items())
+            applied = sorted(set(acks) - set(failed))
+            where = f"worker {i}" + ("" if not applied else f" (workers {applied} applied it)")
+            raise _KNOWN_ERRORS.get(ack["error_type"], RuntimeError)(f"{where}: {ack['error']}")
+        return acks[self._index]["result"]
+
+    def _publish(self, action: dict) -> int:
+        with open(self._dir / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            number = 1
+            while self._action_path(number).exists():
+                number += 1
+            _write_json(self._action_path(number), action)
+        logger.info(
+            "model control: %s %s sent to %d workers", action["kind"], action["path"] or "", self._workers
+        )
+        return number
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        while (action := _read_json(self._action_path(self._applied + 1))) is not None:
+            self._applied += 1
+            _write_json(self._ack_path(self._applied, self._index), self._apply(action))
+
+    def _apply(self, action: dict) -> dict:
+        path = None if action["path"] is None else Path(action["path"])
+        try:
+            if action["kind"] == "reload":
+                result = list(self._reloader.reload(path))
+            elif action["kind"] == "load_latest":
+                result = list(self._reloader.load_latest(path))
+            else:
+                result = self._reloader.unload()
+        except Exception as exc:  # reported to the worker that answers the call
+            if type(exc).__name__ not in _KNOWN_ERRORS:
+                logger.exception("model control: %s failed", action["kind"])
+            return {"ok": False, "error": str(exc), "error_type": type(exc).__name__}
+        return {"ok": True, "result": result}
+
+    def _action_path(self, number: int) -> Path:
+        return self._dir / f"action-{number:08d}.json"
+
+    def _ack_path(self, number: int, index: int) -> Path:
+        return self._dir / f"ack-{number:08d}-{index}.json"
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """Written whole, then renamed into place: a reader sees the old state or the new, never half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
