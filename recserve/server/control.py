@@ -6,7 +6,11 @@ serving the old one, each to the connections the kernel gave it. :class:`SharedC
 action the whole server's: the worker that receives it appends it to a log in a directory the parent created
 (one JSON file per action, numbered under a file lock), every worker's follower thread applies the log in
 order and acknowledges each action with its outcome, and the receiving worker answers once all N have, with
-the error of any that failed. A worker that starts late applies what it missed before it follows.
+the error of any that failed, and removes the action's files. A worker that starts late applies what it
+missed before it follows (an action is complete only once every worker has run and acknowledged it).
+
+Triton's statistics call goes the same way, so that it reports the model's requests whichever worker served
+them: each worker acknowledges with its own statistics of the version asked for, and the answer sums them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 from typing import Protocol
 
 from recserve.errors import InvalidRequestError, PackageError, UnavailableError
+from recserve.server.core import InferenceCore
 from recserve.server.reload import Reloader
+from recserve.server.stats import StatsSnapshot, merged, snapshot_from_json, snapshot_to_json
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ class SharedControl:
     def __init__(
         self,
         reloader: Reloader,
+        core: InferenceCore,
         control_dir: Path,
         index: int,
         workers: int,
@@ -53,6 +60,7 @@ class SharedControl:
         timeout_s: float = 600.0,
     ) -> None:
         self._reloader = reloader
+        self._core = core
         self._dir = Path(control_dir)
         self._index = index
         self._workers = workers
@@ -73,6 +81,13 @@ class SharedControl:
     def unload(self) -> bool:
         return bool(self._run({"kind": "unload", "path": None}))
 
+    def statistics(self, model: str, version: str) -> StatsSnapshot:
+        """``model`` ``version``'s statistics summed over the workers that serve it."""
+        per_worker = self._run(
+            {"kind": "statistics", "path": None, "model_id": [model, version]}, all_results=True
+        )
+        return merged([snapshot_from_json(s) for s in per_worker if s is not None])
+
     def start(self) -> None:
         """Applies the actions logged so far (a worker that started late), then follows the log."""
         self._catch_up()
@@ -84,7 +99,7 @@ class SharedControl:
         if self._thread is not None:
             self._thread.join()
 
-    def _run(self, action: dict):
+    def _run(self, action: dict, all_results: bool = False):
         number = self._publish(action)
         deadline = time.monotonic() + self._timeout_s
         acks: dict[int, dict] = {}
@@ -104,24 +119,30 @@ class SharedControl:
                         f"{self._timeout_s:g} s; the workers may now serve different models"
                     )
                 self._stop.wait(self._poll_s)
+        # Every worker has applied it (a worker acknowledges only once it runs): nobody reads these again.
+        for path in (self._action_path(number), *(self._ack_path(number, i) for i in acks)):
+            path.unlink(missing_ok=True)
         failed = {i: ack for i, ack in acks.items() if not ack["ok"]}
         if failed:
             i, ack = min(failed.items())
             applied = sorted(set(acks) - set(failed))
             where = f"worker {i}" + ("" if not applied else f" (workers {applied} applied it)")
             raise _KNOWN_ERRORS.get(ack["error_type"], RuntimeError)(f"{where}: {ack['error']}")
+        if all_results:
+            return [acks[i]["result"] for i in range(self._workers)]
         return acks[self._index]["result"]
 
     def _publish(self, action: dict) -> int:
         with open(self._dir / "lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            number = 1
-            while self._action_path(number).exists():
-                number += 1
+            last = _read_json(self._dir / "last.json")
+            number = 1 if last is None else last["number"] + 1
             _write_json(self._action_path(number), action)
-        logger.info(
-            "model control: %s %s sent to %d workers", action["kind"], action["path"] or "", self._workers
-        )
+            _write_json(self._dir / "last.json", {"number": number})
+        if action["kind"] != "statistics":  # tools poll statistics: only model changes are worth a line
+            logger.info(
+                "model control: %s %s sent to %d workers", action["kind"], action["path"] or "", self._workers
+            )
         return number
 
     def _follow(self) -> None:
@@ -140,6 +161,10 @@ class SharedControl:
                 result = list(self._reloader.reload(path))
             elif action["kind"] == "load_latest":
                 result = list(self._reloader.load_latest(path))
+            elif action["kind"] == "statistics":
+                runner = self._core.current
+                serves = runner is not None and list(runner.model_id) == action["model_id"]
+                result = snapshot_to_json(runner.stats.snapshot()) if serves else None
             else:
                 result = self._reloader.unload()
         except Exception as exc:  # reported to the worker that answers the call

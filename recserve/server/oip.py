@@ -27,7 +27,7 @@ from recserve.server.arrays import FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
 from recserve.server.servicer import request_deadline
-from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config, model_statistics
+from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 from recserve.server.validation import ModelSchema
 
 DENSE_INPUT = "dense"
@@ -301,7 +301,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         if not request.name and not self._core.current:
             return resp  # every model: none is loaded
         runner = self._core.find(request.name, request.version)
-        resp.model_stats.append(model_statistics(runner))
+        resp.model_stats.append(self._repository.statistics(runner))
         return resp
 
     def RepositoryIndex(self, request, context):

@@ -38,7 +38,7 @@ from recserve.server.rest_codec import (
     wants_binary,
 )
 from recserve.server.status import status_code_for
-from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config, model_statistics
+from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,10 @@ class RestApi:
             runners = [self._runner(request)]
         else:  # every model: the served one, if loaded
             runners = [r for r in (self._core.current,) if r is not None]
-        return web.json_response({"model_stats": [message_json(model_statistics(r)) for r in runners]})
+        # With several workers the statistics are gathered from all of them: off the event loop.
+        loop = asyncio.get_running_loop()
+        stats = [await loop.run_in_executor(None, self._repository.statistics, r) for r in runners]
+        return web.json_response({"model_stats": [message_json(s) for s in stats]})
 
     async def repository_index(self, request: web.Request) -> web.Response:
         doc = await _json_object(request) if request.can_read_body else {}

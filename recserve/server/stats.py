@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -107,3 +107,52 @@ def _copy_stages(b: BatchStages) -> BatchStages:
         Duration(b.compute_infer.count, b.compute_infer.ns),
         Duration(b.compute_output.count, b.compute_output.ns),
     )
+
+
+def snapshot_to_json(s: StatsSnapshot) -> dict:
+    """``s`` as JSON-ready data (how a worker hands its statistics to the one answering the call)."""
+    return asdict(s)
+
+
+def snapshot_from_json(d: dict) -> StatsSnapshot:
+    def duration(x: dict) -> Duration:
+        return Duration(int(x["count"]), int(x["ns"]))
+
+    def stages(x: dict) -> BatchStages:
+        return BatchStages(*(duration(x[k]) for k in ("compute_input", "compute_infer", "compute_output")))
+
+    return StatsSnapshot(
+        int(d["last_inference_ms"]),
+        int(d["inference_count"]),
+        int(d["execution_count"]),
+        duration(d["success"]),
+        duration(d["fail"]),
+        duration(d["queue"]),
+        stages(d["requests"]),
+        {int(size): stages(b) for size, b in d["batches"].items()},
+    )
+
+
+def merged(snapshots: Sequence[StatsSnapshot]) -> StatsSnapshot:
+    """The statistics of several workers serving one version, as one: counts and durations add up, the last
+    inference is the latest of theirs (Triton reports a model's instances the same way)."""
+    out = StatsSnapshot()
+    for s in snapshots:
+        out.last_inference_ms = max(out.last_inference_ms, s.last_inference_ms)
+        out.inference_count += s.inference_count
+        out.execution_count += s.execution_count
+        for name in ("success", "fail", "queue"):
+            _add(getattr(out, name), getattr(s, name))
+        _add_stages(out.requests, s.requests)
+        for size, b in s.batches.items():
+            _add_stages(out.batches.setdefault(size, BatchStages()), b)
+    return out
+
+
+def _add(into: Duration, d: Duration) -> None:
+    into.add(d.ns, d.count)
+
+
+def _add_stages(into: BatchStages, b: BatchStages) -> None:
+    for name in ("compute_input", "compute_infer", "compute_output"):
+        _add(getattr(into, name), getattr(b, name))

@@ -17,11 +17,11 @@ import logging
 from pathlib import Path
 
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
-from recserve.server.control import ModelControl
+from recserve.server.control import ModelControl, SharedControl
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2
 from recserve.server.runner import ModelRunner
-from recserve.server.stats import BatchStages, Duration
+from recserve.server.stats import BatchStages, Duration, StatsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,8 @@ def _set(target: oip_pb2.StatisticDuration, d: Duration) -> None:
     target.count, target.ns = d.count, d.ns
 
 
-def model_statistics(runner: ModelRunner) -> oip_pb2.ModelStatistics:
-    """The served version's statistics since it was loaded (see :mod:`recserve.server.stats`)."""
-    snap = runner.stats.snapshot()
+def model_statistics(runner: ModelRunner, snap: StatsSnapshot) -> oip_pb2.ModelStatistics:
+    """The served version's statistics ``snap`` since it was loaded (see :mod:`recserve.server.stats`)."""
     name, version = runner.model_id
     out = oip_pb2.ModelStatistics(
         name=name,
@@ -134,6 +133,12 @@ class Repository:
         else:
             entry.state, entry.reason = "UNAVAILABLE", "unloaded"
         return [entry] if entry.state == "READY" or not ready_only else []
+
+    def statistics(self, runner: ModelRunner) -> oip_pb2.ModelStatistics:
+        """``runner``'s version's statistics; with several workers, summed over those serving it."""
+        if isinstance(self._control, SharedControl):
+            return model_statistics(runner, self._control.statistics(*runner.model_id))
+        return model_statistics(runner, runner.stats.snapshot())
 
     def load(self, model_name: str, parameters) -> None:
         self._check(model_name, parameters, allowed=())

@@ -102,15 +102,16 @@ def test_two_workers_share_one_port_and_one_metrics_page(package):
 
 
 @pytest.mark.slow
-def test_reload_unload_and_load_reach_every_worker_whichever_one_gets_the_call(packages, tmp_path):
+def test_model_calls_and_statistics_reach_every_worker_whichever_one_gets_the_call(packages, tmp_path):
     """With 2 workers, admin reload and Triton's repository unload/load change the model of both before
-    they answer: no connection goes on being served the old model (or none) by the worker the call missed."""
+    they answer: no connection goes on being served the old model (or none) by the worker the call missed.
+    Statistics (gRPC and REST) count the requests of both."""
     repo = tmp_path / "tiny"
     copy_package(packages["1"], repo / "1")
-    port, metrics_port, admin_port = free_port(), free_port(), free_port()
+    port, metrics_port, admin_port, http_port = free_port(), free_port(), free_port(), free_port()
     proc = start_serve(
         "--package", str(repo / "1"), "--port", str(port), "--metrics-port", str(metrics_port),
-        "--workers", "2", "--admin-port", str(admin_port),
+        "--workers", "2", "--admin-port", str(admin_port), "--http-port", str(http_port),
     )  # fmt: skip
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(8)]  # spread over the workers
     stubs = [oip_pb2_grpc.GRPCInferenceServiceStub(c) for c in channels]
@@ -155,6 +156,17 @@ def test_reload_unload_and_load_reach_every_worker_whichever_one_gets_the_call(p
         details = info.value.details()
         assert details.startswith("worker 0: ") and "still serving tiny 2" in details
         assert versions_answered() == {"2"}
+
+        # Version 2 as loaded last has served 2 x 8 requests of 2 examples, over both workers.
+        stats = stubs[3].ModelStatistics(oip_pb2.ModelStatisticsRequest(name="tiny")).model_stats
+        assert [(s.version, s.inference_count, s.inference_stats.success.count) for s in stats] == [
+            ("2", 32, 16)
+        ]
+        assert sum(b.batch_size * b.compute_infer.count for b in stats[0].batch_stats) == 32
+        rest = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/tiny/stats", timeout=30).read()
+        )["model_stats"]
+        assert [(s["version"], int(s["inference_count"])) for s in rest] == [("2", 32)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
