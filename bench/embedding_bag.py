@@ -9,7 +9,10 @@ in a rotating order on the same pre-built batch, so machine noise hits them alik
 is the median over the timed steps. The raw TBE is built with the same arguments our collection passes to
 FBGEMM, so the ratio measures the collection's own overhead (input routing, output wrapping).
 
-    .venv/bin/python bench/embedding_bag.py [--batch-size 2048] [--steps 20]
+    .venv/bin/python bench/embedding_bag.py [--batch-size 2048] [--steps 20] [--device cpu|cuda]
+
+``--device cuda`` runs every variant on GPU 0 (tables, batch and gradient there; each clock read waits for
+the GPU) and leaves out the two forced-backward variants, which are CPU kernels.
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ def make_batch(args: argparse.Namespace, gen: torch.Generator) -> KeyedJaggedTen
     keys = [f"f{i}" for i in range(args.tables)]
     lengths = torch.randint(1, 40, (args.tables * args.batch_size,), generator=gen)
     values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=gen)
-    return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+    kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+    return kjt if args.device == "cpu" else kjt.to(torch.device(args.device))
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued GPU work, so that a clock read after it counts that work."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def ours(args: argparse.Namespace, cpu_backward: str = "auto") -> Callable[[KeyedJaggedTensor, Tensor], None]:
@@ -57,7 +67,9 @@ def ours(args: argparse.Namespace, cpu_backward: str = "auto") -> Callable[[Keye
         for i in range(args.tables)
     ]
     ebc = EmbeddingBagCollection(
-        tables, fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=LR, cpu_backward=cpu_backward)
+        tables,
+        device=args.device,
+        fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=LR, cpu_backward=cpu_backward),
     )
 
     def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
@@ -67,7 +79,12 @@ def ours(args: argparse.Namespace, cpu_backward: str = "auto") -> Callable[[Keye
 
 
 def raw_fbgemm(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
-    spec = (args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)
+    """The TBE our collection builds (rectrain.embedding.table_batch), called directly."""
+    cpu = args.device == "cpu"
+    location, compute = (
+        (EmbeddingLocation.HOST, ComputeDevice.CPU) if cpu else (EmbeddingLocation.DEVICE, ComputeDevice.CUDA)
+    )
+    spec = (args.rows, args.dim, location, compute)
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [spec] * args.tables,
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -75,8 +92,8 @@ def raw_fbgemm(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor]
         eps=1e-8,
         weight_decay_mode=WeightDecayMode.NONE,
         pooling_mode=PoolingMode.SUM,
-        device=torch.device("cpu"),
-        bounds_check_mode=BoundsCheckMode.FATAL,
+        device=torch.device(args.device),
+        bounds_check_mode=BoundsCheckMode.FATAL if cpu else BoundsCheckMode.WARNING,
         weights_precision=SparseType.FP32,
         output_dtype=SparseType.FP32,
     )
@@ -90,7 +107,7 @@ def raw_fbgemm(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor]
 def embedding_bags(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Tensor], None]:
     bags = nn.ModuleList(
         nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=True) for _ in range(args.tables)
-    )
+    ).to(args.device)
     optimizer = torch.optim.Adagrad(bags.parameters(), lr=LR)
 
     def step(kjt: KeyedJaggedTensor, grad: Tensor) -> None:
@@ -109,23 +126,24 @@ def time_variants(
     """Median ms/step of each variant; variants alternate within every step, order rotating."""
     gen = torch.Generator().manual_seed(0)
     batches = [make_batch(args, gen) for _ in range(4)]
-    grad = torch.randn(args.batch_size, args.tables * args.dim, generator=gen)
+    grad = torch.randn(args.batch_size, args.tables * args.dim, generator=gen).to(args.device)
     names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in names}
     for step in range(args.warmup + args.steps):
         kjt = batches[step % len(batches)]
         order = names[step % len(names) :] + names[: step % len(names)]
         for name in order:
+            synchronize(args.device)
             start = time.perf_counter()
             variants[name](kjt, grad)
+            synchronize(args.device)
             elapsed = (time.perf_counter() - start) * 1e3
             if step >= args.warmup:
                 times[name].append(elapsed)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def main() -> None:
-    print_machine()
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=8)
     parser.add_argument("--rows", type=int, default=100_000)
@@ -133,29 +151,44 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    variants = {
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    return args
+
+
+def variants_for(args: argparse.Namespace) -> dict[str, Callable[[KeyedJaggedTensor, Tensor], None]]:
+    """Every variant that runs on ``args.device``; the forced-backward ones are CPU kernels."""
+    forced = {"ebc native bwd": ours(args, "native"), "ebc fbgemm bwd": ours(args, "fbgemm")}
+    return {
         "rectrain ebc": ours(args),
-        "ebc native bwd": ours(args, "native"),
-        "ebc fbgemm bwd": ours(args, "fbgemm"),
+        **(forced if args.device == "cpu" else {}),
         "raw fbgemm tbe": raw_fbgemm(args),
         "nn.EmbeddingBag": embedding_bags(args),
     }
-    ms = time_variants(variants, args)
+
+
+def main() -> None:
+    args = parse_args()
+    print_machine(args.device)
+    torch.manual_seed(0)
+    ms = time_variants(variants_for(args), args)
     print(
         f"{args.tables} tables x {args.rows} rows x {args.dim} dims, batch {args.batch_size}, "
         f"{torch.get_num_threads()} threads, {args.warmup} warm-up + {args.steps} timed steps (median)"
     )
     for name, value in ms.items():
         print(f"{name:>16}: {value:8.2f} ms/step")
-    print(
-        f"nn.EmbeddingBag + sparse Adagrad vs raw fbgemm {ms['nn.EmbeddingBag'] / ms['raw fbgemm tbe']:.2f}"
-    )
+    raw = ms["raw fbgemm tbe"]
+    print(f"nn.EmbeddingBag + sparse Adagrad vs raw fbgemm {ms['nn.EmbeddingBag'] / raw:.2f}")
+    if args.device != "cpu":
+        print(f"rectrain ebc fwd+bwd vs raw fbgemm on {args.device} {ms['rectrain ebc'] / raw:.3f}")
+        return
     for name in ("ebc native bwd", "ebc fbgemm bwd"):
-        print(f"{name} fwd+bwd vs raw fbgemm {ms[name] / ms['raw fbgemm tbe']:.3f}")
+        print(f"{name} fwd+bwd vs raw fbgemm {ms[name] / raw:.3f}")
     print(f"auto kernel here: {auto_choice()}")
-    print(f"rectrain ebc (auto kernel) fwd+bwd vs raw fbgemm {ms['rectrain ebc'] / ms['raw fbgemm tbe']:.3f}")
+    print(f"rectrain ebc (auto kernel) fwd+bwd vs raw fbgemm {ms['rectrain ebc'] / raw:.3f}")
 
 
 if __name__ == "__main__":

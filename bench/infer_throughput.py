@@ -6,11 +6,16 @@ the peer script) once per table dtype through ``recserve.export.export_package``
 batch size, on the peer script's request (ids per feature uniform 1..39, ids uniform over the table).
 
     .venv/bin/python bench/infer_throughput.py --dtype int8 --batch 512 [--dtypes int8,int4,fp16,fp32]
-        [--batches 1,64,512,2048] [--seconds 1.0] [--repeats 3] [--no-peer] [--compile]
+        [--batches 1,64,512,2048] [--seconds 1.0] [--repeats 3] [--no-peer] [--peer-python PATH]
+        [--compile] [--device cpu|cuda]
 
 The peer, ``bench/torchrec_reference.py infer`` (TorchRec's quantized DLRM, its venv built by
-scripts/torchrec_venv.sh on first use), runs ``--repeats`` times alternating with our run at ``--dtype`` and
-``--batch``; each side reports its best run (on a shared machine other load only slows a run down).
+scripts/torchrec_venv.sh on first use, or ``--peer-python`` / ``$RECTRAIN_PEER_PYTHON``), runs ``--repeats``
+times alternating with our run at ``--dtype`` and ``--batch``, on the same device; each side reports its best
+run (on a shared machine other load only slows a run down).
+``--device cuda`` loads the packages on GPU 0 (lookups and dense part); a request still arrives on the CPU and
+its scores return there, as the server hands them over, so the copies count. The default batch sizes then
+add 4096 and 16384, where a GPU starts to fill.
 ``--compile`` also times the dense part under ``torch.compile``; ``--dense-dtypes bf16`` (the default) also
 times the ``--dtype`` package with a bf16 dense part (on CPUs with AVX512-BF16 or AMX, oneDNN runs it much
 faster; it is not the peer's fp32 dense part, so it stays out of the ratio). Also prints package size and
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import torch
 from machine import print_machine
-from torchrec_reference import venv_python
+from torchrec_reference import check_gpus, peer_python
 
 from recserve.export import export_package, synthetic_sample
 from recserve.runtime import Predictor, read_manifest
@@ -40,6 +45,7 @@ from rectrain.models.config import ModelConfig
 
 T, E, D, DENSE, L = 8, 100_000, 64, 13, 20
 BENCH = Path(__file__).resolve().parent
+DEFAULT_BATCHES = {"cpu": "1,64,512,2048", "cuda": "1,64,512,2048,4096,16384"}
 
 
 def workload_config() -> ModelConfig:
@@ -67,27 +73,37 @@ def make_request(batch: int) -> tuple[torch.Tensor, KeyedJaggedTensor]:
     return torch.randn(batch, DENSE, generator=g), kjt
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work before a clock read (``predict`` returns CPU scores, so this is a guard)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def examples_per_second(predictor: Predictor, batch: int, seconds: float) -> float:
     dense, kjt = make_request(batch)
     for _ in range(3):
         predictor.predict(dense, kjt)
+    synchronize(predictor.device)
     runs, start = 0, time.perf_counter()
     while runs < 3 or time.perf_counter() - start < seconds:
         predictor.predict(dense, kjt)
         runs += 1
+    synchronize(predictor.device)
     return batch * runs / (time.perf_counter() - start)
 
 
-def peer_examples_per_second(batch: int) -> float | None:
+def peer_examples_per_second(batch: int, device: str, python: str | None) -> float | None:
+    command = ["infer", "--batch", str(batch)] + ([] if device == "cpu" else ["--device", device])
     try:
         out = subprocess.run(
-            [venv_python(), str(BENCH / "torchrec_reference.py"), "infer", "--batch", str(batch)],
+            [peer_python(python), str(BENCH / "torchrec_reference.py"), *command],
             check=True,
             capture_output=True,
             text=True,
         ).stdout
     except (subprocess.CalledProcessError, OSError) as error:
-        print(f"peer unavailable: {error}", file=sys.stderr)
+        stderr = getattr(error, "stderr", None) or ""
+        print(f"peer unavailable: {error}\n{stderr[-4000:]}", file=sys.stderr)
         return None
     return float(out.strip().splitlines()[-1].split()[-1])
 
@@ -131,7 +147,7 @@ def print_dense_variant(root: Path, args: argparse.Namespace, dense_dtype: str, 
     Not comparable with TorchRec's fp32 dense part; reported on its own line, never in the last line.
     """
     package = export_all(root, [args.dtype], dense_dtype)[args.dtype]
-    predictor = Predictor.load(package)
+    predictor = Predictor.load(package, device=args.device)
     best = max(examples_per_second(predictor, args.batch, args.seconds) for _ in range(args.repeats))
     acc = read_manifest(package).accuracy["package"]
     print(
@@ -141,18 +157,26 @@ def print_dense_variant(root: Path, args: argparse.Namespace, dense_dtype: str, 
     )
 
 
-def main() -> None:
-    print_machine()
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dtype", default="int8")
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--dtypes", default="int8,int4,fp16,fp32")
-    parser.add_argument("--batches", default="1,64,512,2048")
+    parser.add_argument(
+        "--batches",
+        help=f"comma-separated (default {DEFAULT_BATCHES['cpu']}; on cuda {DEFAULT_BATCHES['cuda']})",
+    )
     parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per point")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the packages run")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument(
+        "--peer-python",
+        metavar="PATH",
+        help="interpreter that imports torchrec (default $RECTRAIN_PEER_PYTHON, else the TorchRec venv)",
+    )
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the dense part")
     parser.add_argument(
         "--dense-dtypes",
@@ -160,14 +184,24 @@ def main() -> None:
         help="also time the --dtype package with these dense dtypes (comma-separated; '' for none)",
     )
     args = parser.parse_args()
+    problem = check_gpus(args.device, 1)
+    if problem:
+        parser.error(problem)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    print_machine(args.device)
     torch.set_num_threads(os.cpu_count() or 1)
     dtypes = list(dict.fromkeys([args.dtype, *args.dtypes.split(",")]))
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in (args.batches or DEFAULT_BATCHES[args.device]).split(",")]
     with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
         packages = export_all(Path(tmp), dtypes)
         print_packages(packages)
-        predictors = {dtype: Predictor.load(path) for dtype, path in packages.items()}
-        print(f"\nexamples/s (best of {args.repeats}), {torch.get_num_threads()} threads")
+        predictors = {dtype: Predictor.load(path, device=args.device) for dtype, path in packages.items()}
+        on = "" if args.device == "cpu" else f", on {args.device}"
+        print(f"\nexamples/s (best of {args.repeats}), {torch.get_num_threads()} threads{on}")
         print(f"{'tables':<7}" + "".join(f"{f'batch {b}':>13}" for b in batches))
         for dtype, predictor in predictors.items():
             best = [
@@ -179,14 +213,14 @@ def main() -> None:
         for _ in range(args.repeats):  # alternate, so both sides see the same machine load
             ours.append(examples_per_second(predictors[args.dtype], args.batch, args.seconds))
             if not args.no_peer:
-                peer.append(peer_examples_per_second(args.batch) or 0.0)
+                peer.append(peer_examples_per_second(args.batch, args.device, args.peer_python) or 0.0)
         print(f"\nbatch {args.batch}, {args.dtype}: rectrain {max(ours):,.0f} examples/s", end="")
         if peer and max(peer) > 0:
             print(f", TorchRec {max(peer):,.0f} examples/s, ratio {max(ours) / max(peer):.2f}x")
         else:
             print()
         if args.compile:
-            compiled = Predictor.load(packages[args.dtype], compile_dense=True)
+            compiled = Predictor.load(packages[args.dtype], device=args.device, compile_dense=True)
             started = time.perf_counter()
             examples_per_second(compiled, args.batch, 0.0)
             print(f"torch.compile of the dense part: {time.perf_counter() - started:.0f} s to compile")

@@ -3,6 +3,7 @@
 FBGEMM's kernels differ by class (AVX2 vs AVX-512), so a figure means little without it. An instruction-set
 override (FBGEMM_ENABLE_INSTRUCTIONS=AVX2, ATEN_CPU_CAPABILITY=avx2) makes an AVX-512 machine run the AVX2
 kernels; the line then says "emulated" so such figures are never mistaken for a real AVX2 machine's.
+A benchmark that runs on a GPU passes its device, and the line names the GPU and the CUDA build as well.
 """
 
 from __future__ import annotations
@@ -39,10 +40,23 @@ def isa_class() -> str:
     return "AVX2" if "avx2" in flags else "no AVX2"
 
 
-def machine_line() -> str:
+def gpu_line(device: str) -> str:
+    """The GPU behind ``device`` ("cuda" or "cuda:N"): name, memory, how many are visible, CUDA and torch."""
+    import torch  # only GPU benchmarks pay for it here
+
+    index = torch.device(device).index
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return (
+        f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} visible), "
+        f"CUDA {torch.version.cuda}, torch {torch.__version__}"
+    )
+
+
+def machine_line(device: str = "cpu") -> str:
     model, _ = _cpuinfo()
-    return f"machine: {model}, {os.cpu_count()} cores, ISA {isa_class()}"
+    line = f"machine: {model}, {os.cpu_count()} cores, ISA {isa_class()}"
+    return f"{line}; {gpu_line(device)}" if str(device).startswith("cuda") else line
 
 
-def print_machine() -> None:
-    print(machine_line(), flush=True)
+def print_machine(device: str = "cpu") -> None:
+    print(machine_line(device), flush=True)

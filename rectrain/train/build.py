@@ -161,9 +161,12 @@ def dense_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.opti
 def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
     """The model sharded over ``env``'s process group (or unsharded without one) and its optimizer."""
     device = resolve_device(config, env)
-    train_module = build_train_module(config)
+    sharded = env is not None and env.pg is not None
+    # Unsharded, the tables are built where they train: a collection's FBGEMM kernel cannot move after
+    # construction. DistributedModelParallel builds its shards on ``device`` from the CPU-built module.
+    train_module = build_train_module(config, None if sharded else device)
     plan = None
-    if env is not None and env.pg is not None:
+    if sharded:
         tables = {path: list(config.model.tables) for path in find_collections(train_module)}
         plan = make_plan(config, tables, env.world_size, env)
         model: nn.Module = DistributedModelParallel(
@@ -171,7 +174,7 @@ def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
         )
         sparse, inner, collections = model.fused_optimizer, model.module, model.sharded_modules()
     else:
-        model = inner = train_module.to(device)
+        model = inner = train_module
         collections = find_collections(model)
         members = [(path or "model", c.fused_optimizer) for path, c in collections.items()]
         sparse = members[0][1] if len(members) == 1 else CombinedOptimizer(members)

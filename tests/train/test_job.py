@@ -110,6 +110,19 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     assert (first_resumed_event["step"], first_resumed_event["examples"]) == (15, 960)
 
 
+@pytest.mark.gpu
+def test_a_single_process_run_trains_on_cuda_and_resumes_there(tmp_path):
+    """``rectrain train`` without torchrun on a GPU: the tables are built on it (an FBGEMM kernel cannot move
+    after construction; moving the CPU-built module failed here before), and a resumed run ends where an
+    uninterrupted one does."""
+    straight = TrainJob(synthetic(tmp_path / "a", 'train.device="cuda"'), progress_bar=False).run()
+    assert straight.end.step == 20 and straight.eval_metrics["auc"] > 0
+    TrainJob(synthetic(tmp_path / "b", 'train.device="cuda"', "train.steps=10"), progress_bar=False).run()
+    resumed = TrainJob(synthetic(tmp_path / "b", 'train.device="cuda"'), progress_bar=False).run()
+    assert resumed.start.step == 10
+    assert resumed.eval_metrics["auc"] == pytest.approx(straight.eval_metrics["auc"], abs=2e-3)
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_at_the_next_step_and_exits_143(tmp_path):
     log = tmp_path / "metrics.jsonl"
