@@ -11,7 +11,7 @@ process(es) and, with the load generator on the same machine (request batch 64):
    own timings (batcher queue, batch compute, rest of the server, outside it).
 
     .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers N]
-        [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8]
+        [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8] [--no-pin-workers]
 
 Objective (issue 15): capacity >= 0.6 x in-process throughput at batch 512, and p99 <= 25 ms at 50 % of
 capacity. The last line is ``recserve served examples/s <capacity> p99_ms <p99 at 50 %> ratio <R>``.
@@ -97,6 +97,8 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
         str(args.max_batch_size),
     ]
     cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms), "--admin-port", "-1"]
+    if not getattr(args, "pin_workers", True):
+        cmd.append("--no-pin-workers")
     return wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
 
 
@@ -127,6 +129,9 @@ def main() -> None:
         help="server processes (default: one per core, the CPU serving setup docs/serving.md recommends)",
     )
     ap.add_argument("--max-batch-size", type=int, default=512)
+    ap.add_argument(
+        "--no-pin-workers", dest="pin_workers", action="store_false", help="as `recserve serve` takes it"
+    )
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     ap.add_argument("--loads", default="0.5,0.8", help="open-loop arrival rates, as fractions of capacity")
     ap.add_argument("--sweep", default="", help="also sweep these concurrency levels (5 s each)")

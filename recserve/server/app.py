@@ -255,7 +255,7 @@ class RecServer:
 
 def run_server(cfg: ServeConfig) -> int:
     """Runs one server process until SIGTERM or SIGINT, then drains; returns the exit code (0)."""
-    threads = cfg.torch_threads or max(1, (os.cpu_count() or 1) // cfg.workers)
+    threads = cfg.torch_threads or _default_threads(cfg)
     torch.set_num_threads(threads)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -270,6 +270,13 @@ def run_server(cfg: ServeConfig) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0
+
+
+def _default_threads(cfg: ServeConfig) -> int:
+    """Intra-op threads: the CPUs this process may use, shared by the workers unless each has its own."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    pinned = cfg.workers > 1 and cfg.pin_workers and cfg.device == "cpu"
+    return max(1, cpus if pinned else cpus // cfg.workers)
 
 
 def worker_config(cfg: ServeConfig, index: int, control_dir: Path) -> ServeConfig:

@@ -38,6 +38,13 @@ def _add_serve(subparsers) -> None:
     )
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument(
+        "--no-pin-workers",
+        dest="pin_workers",
+        action="store_false",
+        help="let the kernel move --workers between CPUs (default on CPU: worker i keeps the i-th of N equal "
+        "groups of the CPUs the server may use)",
+    )
     p.add_argument("--max-batch-size", type=int, default=512, help="examples per batch and per request")
     p.add_argument(
         "--max-queue-delay-ms", type=float, default=2.0, help="longest wait of a batch's oldest request"
@@ -66,7 +73,9 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--watch-interval", type=float, default=2.0, help="seconds between --watch scans")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight RPCs get on SIGTERM")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--torch-threads", type=int, help="intra-op threads per worker (default cores / workers)")
+    p.add_argument(
+        "--torch-threads", type=int, help="intra-op threads per worker (default: the CPUs it runs on)"
+    )
     p.add_argument("--admin-host", default="127.0.0.1", help="admin service bind address (default loopback)")
     p.add_argument(
         "--admin-port", type=int, default=50052, help="admin service (reload) port; -1 turns it off"
@@ -98,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         http_port=None if args.http_port < 0 else args.http_port,
         workers=args.workers,
+        pin_workers=args.pin_workers,
         max_batch_size=args.max_batch_size,
         max_queue_delay_ms=args.max_queue_delay_ms,
         max_queue_size=args.max_queue_size,

@@ -28,6 +28,8 @@ class ServeConfig:
     metrics_host: str = "127.0.0.1"
     http_port: int | None = None  # Open Inference Protocol REST on --host (None: off)
     workers: int = 1
+    # With several workers on CPU, worker i runs on the i-th of N equal groups of the CPUs the server may use.
+    pin_workers: bool = True
     max_batch_size: int = 512
     max_queue_delay_ms: float = 2.0
     max_queue_size: int = 4096

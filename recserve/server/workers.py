@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from recserve.server.config import ServeConfig
@@ -20,9 +22,24 @@ from recserve.server.config import ServeConfig
 logger = logging.getLogger(__name__)
 
 
-def _worker_main(cfg: ServeConfig, index: int, log_level: int) -> None:
+def cpu_groups(cpus: Sequence[int], workers: int) -> list[list[int]] | None:
+    """``cpus`` cut into ``workers`` contiguous groups of equal size (the first ones one larger when they do
+    not divide), or None when there are fewer CPUs than workers."""
+    cpus = sorted(cpus)
+    if len(cpus) < workers:
+        return None
+    size, extra = divmod(len(cpus), workers)
+    bounds = [i * size + min(i, extra) for i in range(workers + 1)]
+    return [cpus[bounds[i] : bounds[i + 1]] for i in range(workers)]
+
+
+def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] | None) -> None:
     logging.basicConfig(format=f"%(asctime)s worker{index} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("recserve").setLevel(log_level)
+    if cpus is not None:
+        # Before torch starts its threads: they, the gRPC threads and the batch thread inherit it.
+        os.sched_setaffinity(0, cpus)
+        logger.info("worker %d runs on CPUs %s", index, cpus)
     from recserve.server.app import run_server
 
     raise SystemExit(run_server(cfg))
@@ -50,10 +67,11 @@ def _serve_workers(cfg: ServeConfig) -> int:
         prepare_multiprocess_dir(Path(metrics_dir))  # inherited by the spawned workers' environment
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger("recserve").getEffectiveLevel()
+        groups = _pinned_cpus(cfg) or [None] * cfg.workers
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(worker_config(cfg, i, Path(control_dir)), i, level),
+                args=(worker_config(cfg, i, Path(control_dir)), i, level, groups[i]),
                 name=f"recserve-worker{i}",
             )
             for i in range(cfg.workers)
@@ -84,3 +102,18 @@ def _serve_workers(cfg: ServeConfig) -> int:
     codes = [p.exitcode for p in procs]
     logger.info("workers exited with %s", codes)
     return 0 if stop.is_set() and all(c == 0 for c in codes) else 1
+
+
+def _pinned_cpus(cfg: ServeConfig) -> list[list[int]] | None:
+    """Each worker's CPUs, or None to leave placement to the kernel.
+
+    Measured with 2 workers on 2 cores (bench/serve_ceiling.py's h2load client): pinned, they served 14-24 %
+    more requests per second at 8-15 % less CPU per request (nginx's ``worker_cpu_affinity auto`` does the
+    same). GPU workers share their device, so they are left alone.
+    """
+    if not cfg.pin_workers or cfg.device != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None
+    groups = cpu_groups(sorted(os.sched_getaffinity(0)), cfg.workers)
+    if groups is None:
+        logger.info("%d workers on %d CPUs: not pinned", cfg.workers, len(os.sched_getaffinity(0)))
+    return groups

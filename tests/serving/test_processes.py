@@ -16,6 +16,7 @@ import pytest
 from recserve.client import AdminClient, PredictorClient
 from recserve.client.loadgen import LoadgenConfig, run_loadgen
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.workers import cpu_groups
 
 from .conftest import copy_package, free_port, parse_metrics, random_batch
 from .test_oip import infer_request
@@ -76,6 +77,13 @@ def test_sigterm_drains_queued_requests_and_exits_zero(package):
     assert "drained and stopped" in proc.stdout.read()
 
 
+def test_workers_get_equal_contiguous_groups_of_the_cpus():
+    assert cpu_groups([1, 0], 2) == [[0], [1]]
+    assert cpu_groups(range(16), 2) == [list(range(8)), list(range(8, 16))]
+    assert cpu_groups([0, 2, 4, 6, 8], 2) == [[0, 2, 4], [6, 8]]  # a cpuset with gaps; the first one larger
+    assert cpu_groups([3], 2) is None  # fewer CPUs than workers: left to the kernel
+
+
 @pytest.mark.slow
 def test_two_workers_share_one_port_and_one_metrics_page(package):
     port, metrics_port = free_port(), free_port()
@@ -93,6 +101,13 @@ def test_two_workers_share_one_port_and_one_metrics_page(package):
         ok = (("code", "OK"), ("method", "recserve.v1.Predictor/Predict"))
         assert metrics["recserve_requests_total"][ok] == 6  # summed over both workers
         assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "1"))] == 1
+        # Each worker keeps its own share of the CPUs this process may use (2 workers on 1 CPU: not pinned).
+        groups = cpu_groups(sorted(os.sched_getaffinity(0)), 2)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(workers) == 2
+        pinned = sorted(sorted(os.sched_getaffinity(pid)) for pid in workers)
+        assert pinned == (groups or [sorted(os.sched_getaffinity(0))] * 2)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
