@@ -275,7 +275,7 @@ def run_server(cfg: ServeConfig) -> int:
 def _default_threads(cfg: ServeConfig) -> int:
     """Intra-op threads: the CPUs this process may use, shared by the workers unless each has its own."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    pinned = cfg.workers > 1 and cfg.pin_workers and cfg.device == "cpu"
+    pinned = cfg.workers > 1 and cfg.pin_workers  # the parent clears pin_workers when it did not pin
     return max(1, cpus if pinned else cpus // cfg.workers)
 
 

@@ -15,6 +15,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from recserve.server.config import ServeConfig
@@ -38,8 +39,14 @@ def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] |
     logging.getLogger("recserve").setLevel(log_level)
     if cpus is not None:
         # Before torch starts its threads: they, the gRPC threads and the batch thread inherit it.
-        os.sched_setaffinity(0, cpus)
-        logger.info("worker %d runs on CPUs %s", index, cpus)
+        try:
+            os.sched_setaffinity(0, cpus)
+            logger.info("worker %d runs on CPUs %s", index, cpus)
+        except OSError as error:  # a sandbox may refuse it: serve unpinned (and share the threads) instead
+            cfg = replace(cfg, pin_workers=False)
+            logger.warning(
+                "worker %d could not be pinned to CPUs %s (%s); the kernel places it", index, cpus, error
+            )
     from recserve.server.app import run_server
 
     raise SystemExit(run_server(cfg))
@@ -67,11 +74,16 @@ def _serve_workers(cfg: ServeConfig) -> int:
         prepare_multiprocess_dir(Path(metrics_dir))  # inherited by the spawned workers' environment
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger("recserve").getEffectiveLevel()
-        groups = _pinned_cpus(cfg) or [None] * cfg.workers
+        groups = _pinned_cpus(cfg)
+        # A worker sizes its torch threads by whether it has CPUs of its own (app._default_threads).
+        pinned = groups is not None
+        configs = [
+            replace(worker_config(cfg, i, Path(control_dir)), pin_workers=pinned) for i in range(cfg.workers)
+        ]
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(worker_config(cfg, i, Path(control_dir)), i, level, groups[i]),
+                args=(configs[i], i, level, None if groups is None else groups[i]),
                 name=f"recserve-worker{i}",
             )
             for i in range(cfg.workers)
