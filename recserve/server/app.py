@@ -97,9 +97,7 @@ class RecServer:
         # Reload, load and unload change the model of every worker, whichever one the call reached.
         self.control: ModelControl = self.reloader
         if cfg.control_dir is not None:
-            self.control = SharedControl(
-                self.reloader, self.core, cfg.control_dir, cfg.worker_index, cfg.workers
-            )
+            self.control = SharedControl(self.reloader, cfg.control_dir, cfg.worker_index, cfg.workers)
         self.repository = Repository(
             self.core,
             self.control,

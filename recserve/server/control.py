@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Protocol
 
 from recserve.errors import InvalidRequestError, PackageError, UnavailableError
-from recserve.server.core import InferenceCore
 from recserve.server.reload import Reloader
 from recserve.server.stats import StatsSnapshot, merged, snapshot_from_json, snapshot_to_json
 
@@ -44,6 +43,8 @@ class ModelControl(Protocol):
 
     def unload(self) -> bool: ...
 
+    def statistics(self, model: str, version: str) -> StatsSnapshot: ...
+
 
 class SharedControl:
     """:class:`ModelControl` for worker ``index`` of ``workers``, coordinated through ``control_dir``."""
@@ -51,7 +52,6 @@ class SharedControl:
     def __init__(
         self,
         reloader: Reloader,
-        core: InferenceCore,
         control_dir: Path,
         index: int,
         workers: int,
@@ -60,7 +60,6 @@ class SharedControl:
         timeout_s: float = 600.0,
     ) -> None:
         self._reloader = reloader
-        self._core = core
         self._dir = Path(control_dir)
         self._index = index
         self._workers = workers
@@ -86,7 +85,7 @@ class SharedControl:
         per_worker = self._run(
             {"kind": "statistics", "path": None, "model_id": [model, version]}, all_results=True
         )
-        return merged([snapshot_from_json(s) for s in per_worker if s is not None])
+        return merged([snapshot_from_json(s) for s in per_worker])
 
     def start(self) -> None:
         """Applies the actions logged so far (a worker that started late), then follows the log."""
@@ -162,9 +161,7 @@ class SharedControl:
             elif action["kind"] == "load_latest":
                 result = list(self._reloader.load_latest(path))
             elif action["kind"] == "statistics":
-                runner = self._core.current
-                serves = runner is not None and list(runner.model_id) == action["model_id"]
-                result = snapshot_to_json(runner.stats.snapshot()) if serves else None
+                result = snapshot_to_json(self._reloader.statistics(*action["model_id"]))
             else:
                 result = self._reloader.unload()
         except Exception as exc:  # reported to the worker that answers the call

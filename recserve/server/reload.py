@@ -22,6 +22,7 @@ from recserve.errors import PackageError
 from recserve.server.core import InferenceCore
 from recserve.server.metrics import ServerMetrics
 from recserve.server.runner import ModelRunner
+from recserve.server.stats import StatsSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,13 @@ class Reloader:
                 self.on_change(False)
             old.close()
             return True
+
+    def statistics(self, model: str, version: str) -> StatsSnapshot:
+        """``model`` ``version``'s statistics in this process (none while it serves another version)."""
+        runner = self._core.current
+        if runner is None or runner.model_id != (model, version):
+            return StatsSnapshot()
+        return runner.stats.snapshot()
 
     def _load_locked(self, package_dir: Path) -> tuple[str, str, bool]:
         old = self._core.current

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
-from recserve.server.control import ModelControl, SharedControl
+from recserve.server.control import ModelControl
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2
 from recserve.server.runner import ModelRunner
@@ -136,9 +136,7 @@ class Repository:
 
     def statistics(self, runner: ModelRunner) -> oip_pb2.ModelStatistics:
         """``runner``'s version's statistics; with several workers, summed over those serving it."""
-        if isinstance(self._control, SharedControl):
-            return model_statistics(runner, self._control.statistics(*runner.model_id))
-        return model_statistics(runner, runner.stats.snapshot())
+        return model_statistics(runner, self._control.statistics(*runner.model_id))
 
     def load(self, model_name: str, parameters) -> None:
         self._check(model_name, parameters, allowed=())

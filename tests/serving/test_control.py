@@ -27,8 +27,8 @@ def test_a_worker_that_starts_after_the_call_applies_it_before_the_call_answers(
     control_dir = tmp_path / "control"
     control_dir.mkdir()
     with running_server(repo / "1") as a, running_server(repo / "1") as b:
-        first = SharedControl(a.reloader, a.core, control_dir, 0, 2, poll_s=0.01)
-        late = SharedControl(b.reloader, b.core, control_dir, 1, 2, poll_s=0.01)
+        first = SharedControl(a.reloader, control_dir, 0, 2, poll_s=0.01)
+        late = SharedControl(b.reloader, control_dir, 1, 2, poll_s=0.01)
         first.start()
         answers = []
         call = threading.Thread(target=lambda: answers.append(first.reload(repo / "2")))
@@ -50,9 +50,7 @@ def test_a_failure_in_any_worker_is_the_calls_error_and_names_it(packages, tmp_p
     control_dir = tmp_path / "control"
     control_dir.mkdir()
     with running_server(repo / "1") as a, running_server(repo / "1") as b:
-        controls = [
-            SharedControl(s.reloader, s.core, control_dir, i, 2, poll_s=0.01) for i, s in enumerate((a, b))
-        ]
+        controls = [SharedControl(s.reloader, control_dir, i, 2, poll_s=0.01) for i, s in enumerate((a, b))]
         for c in controls:
             c.start()
         broken = copy_package(packages["2"], tmp_path / "broken" / "2")
@@ -68,7 +66,7 @@ def test_a_worker_that_never_answers_times_the_call_out_naming_it(packages, tmp_
     control_dir = tmp_path / "control"
     control_dir.mkdir()
     with running_server(packages["1"]) as a:
-        alone = SharedControl(a.reloader, a.core, control_dir, 0, 2, poll_s=0.01, timeout_s=0.5)
+        alone = SharedControl(a.reloader, control_dir, 0, 2, poll_s=0.01, timeout_s=0.5)
         alone.start()
         with pytest.raises(UnavailableError, match=r"unload: worker\(s\) \[1\] of 2 did not apply it"):
             alone.unload()
@@ -80,9 +78,7 @@ def test_statistics_add_up_over_the_workers_that_serve_the_version(packages, tmp
     control_dir = tmp_path / "control"
     control_dir.mkdir()
     with running_server(packages["1"]) as a, running_server(packages["1"]) as b:
-        controls = [
-            SharedControl(s.reloader, s.core, control_dir, i, 2, poll_s=0.01) for i, s in enumerate((a, b))
-        ]
+        controls = [SharedControl(s.reloader, control_dir, i, 2, poll_s=0.01) for i, s in enumerate((a, b))]
         for c in controls:
             c.start()
         for server, batches in ((a, (3, 5)), (b, (2,))):
