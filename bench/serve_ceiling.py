@@ -161,8 +161,10 @@ def main() -> None:
             if has_h2load:
                 _, clients["h2load"] = h2load(echo_target, request, args.concurrency, args.duration)
                 print(f"h2load client: {clients['h2load']:.2f} CPU ms per call")
+            ratios = []
             for name, ms in clients.items():
                 examples, ratio = ceiling(cores, predict + transport_ms + ms, inproc)
+                ratios.append(ratio)
                 print(
                     f"ceiling with the {name}: {cores} cores / "
                     f"({predict:.2f} + {transport_ms:.2f} + {ms:.2f}) ms "
@@ -183,9 +185,7 @@ def main() -> None:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
             echo.kill()
-    low = min(ceiling(cores, predict + transport_ms + ms, inproc)[1] for ms in clients.values())
-    high = max(ceiling(cores, predict + transport_ms + ms, inproc)[1] for ms in clients.values())
-    print(f"serve ceiling ratio {low:.3f} {high:.3f}")
+    print(f"serve ceiling ratio {min(ratios):.3f} {max(ratios):.3f}")
 
 
 if __name__ == "__main__":
