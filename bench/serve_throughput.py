@@ -11,10 +11,12 @@ process(es) and, with the load generator on the same machine (request batch 64):
    own timings (batcher queue, batch compute, rest of the server, outside it).
 
     .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers N]
-        [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8] [--no-pin-workers]
+        [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8] [--no-pin-workers] [--runs 3]
 
 Objective (issue 15): capacity >= 0.6 x in-process throughput at batch 512, and p99 <= 25 ms at 50 % of
-capacity. The last line is ``recserve served examples/s <capacity> p99_ms <p99 at 50 %> ratio <R>``.
+capacity. A run ends with the line ``recserve served examples/s <capacity> p99_ms <p99 at 50 %> ratio <R>``
+(the last line with ``--runs 1``); ``--runs N`` repeats the whole measurement, in-process throughput
+included, and its last line counts the runs that met the objective.
 """
 
 from __future__ import annotations
@@ -116,6 +118,46 @@ def wait_serving(proc: subprocess.Popen, port: int, timeout_s: float = 180) -> s
     raise TimeoutError(f"the server on port {port} did not start in {timeout_s:.0f} s")
 
 
+def one_run(package: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+    """One measurement of the objective: ``(capacity examples/s, p99 ms at 50 %, capacity / in-process)``,
+    the in-process throughput measured in the same run, just before the server starts."""
+    inproc = in_process_examples_per_s(package)
+    print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
+    port = free_port()
+    proc = start_server(package, port, args)
+    try:
+        target = f"127.0.0.1:{port}"
+        cfg = LoadgenConfig(target, args.concurrency, args.duration, args.batch, warmup_s=2.0)
+        requests = requests_for(cfg)
+        capacity = run_loadgen(cfg, requests)
+        print(f"closed loop (capacity): {capacity.summary()}")
+        open_loop = {}
+        for load in (float(x) for x in args.loads.split(",")):
+            rate = load * capacity.requests / capacity.seconds
+            ol = OpenLoopConfig(
+                target, rate, args.duration, warmup_s=2.0, request_batch=args.batch, reply_timings=True
+            )
+            open_loop[load] = run_open_loop(ol, requests)
+            print(f"{load:.0%} of capacity: {open_loop[load].summary()}")
+            print(open_loop[load].split_summary())
+        if args.sweep:
+            levels = [int(c) for c in args.sweep.split(",")]
+            short = LoadgenConfig(target, duration_s=5.0, request_batch=args.batch, warmup_s=1.0)
+            print(format_table(sweep(short, levels)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    ratio = capacity.examples_per_s / inproc
+    at_half = open_loop.get(0.5)
+    p99 = at_half.percentile_ms(99) if at_half is not None else float("nan")
+    return capacity.examples_per_s, p99, ratio
+
+
+def met(p99_ms: float, ratio: float) -> bool:
+    """Issue 15's objective: capacity >= 0.6 x in-process, and p99 <= 25 ms at 50 % of capacity."""
+    return ratio >= 0.6 and p99_ms <= 25
+
+
 def main() -> None:
     print_machine()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,45 +177,24 @@ def main() -> None:
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
     ap.add_argument("--loads", default="0.5,0.8", help="open-loop arrival rates, as fractions of capacity")
     ap.add_argument("--sweep", default="", help="also sweep these concurrency levels (5 s each)")
+    ap.add_argument("--runs", type=int, default=1, help="whole measurements in a row (issue 15: 3 of 3)")
     args = ap.parse_args()
+    verdicts = []
     with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
         package = export_standard(Path(tmp) / "pkg")
         torch.set_num_threads(os.cpu_count() or 1)
-        inproc = in_process_examples_per_s(package)
-        print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
-        port = free_port()
-        proc = start_server(package, port, args)
-        try:
-            target = f"127.0.0.1:{port}"
-            cfg = LoadgenConfig(target, args.concurrency, args.duration, args.batch, warmup_s=2.0)
-            requests = requests_for(cfg)
-            capacity = run_loadgen(cfg, requests)
-            print(f"closed loop (capacity): {capacity.summary()}")
-            open_loop = {}
-            for load in (float(x) for x in args.loads.split(",")):
-                rate = load * capacity.requests / capacity.seconds
-                ol = OpenLoopConfig(
-                    target, rate, args.duration, warmup_s=2.0, request_batch=args.batch, reply_timings=True
-                )
-                open_loop[load] = run_open_loop(ol, requests)
-                print(f"{load:.0%} of capacity: {open_loop[load].summary()}")
-                print(open_loop[load].split_summary())
-            if args.sweep:
-                levels = [int(c) for c in args.sweep.split(",")]
-                short = LoadgenConfig(target, duration_s=5.0, request_batch=args.batch, warmup_s=1.0)
-                print(format_table(sweep(short, levels)))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-    ratio = capacity.examples_per_s / inproc
-    at_half = open_loop.get(0.5)
-    p99 = at_half.percentile_ms(99) if at_half is not None else float("nan")
-    goal = "met" if ratio >= 0.6 and p99 <= 25 else "NOT met"
-    print(
-        f"capacity / in-process = {ratio:.2f} (goal >= 0.60), p99 at 50% of capacity {p99:.1f} ms "
-        f"(goal <= 25 ms): goal {goal}"
-    )
-    print(f"recserve served examples/s {capacity.examples_per_s:.0f} p99_ms {p99:.2f} ratio {ratio:.3f}")
+        for run in range(1, args.runs + 1):
+            if args.runs > 1:
+                print(f"run {run} of {args.runs}")
+            capacity, p99, ratio = one_run(package, args)
+            verdicts.append(met(p99, ratio))
+            print(
+                f"capacity / in-process = {ratio:.2f} (goal >= 0.60), p99 at 50% of capacity {p99:.1f} ms "
+                f"(goal <= 25 ms): goal {'met' if verdicts[-1] else 'NOT met'}"
+            )
+            print(f"recserve served examples/s {capacity:.0f} p99_ms {p99:.2f} ratio {ratio:.3f}")
+    if args.runs > 1:
+        print(f"goal met in {sum(verdicts)} of {args.runs} runs")
 
 
 if __name__ == "__main__":

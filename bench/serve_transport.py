@@ -4,7 +4,7 @@
 wakes a handler per request and the batch thread wakes each request's handler when its batch is done. The
 alternatives measured here answer ``Predict`` as a coroutine on each worker's event loop (``grpc.aio``), with
 the same :class:`InferenceCore` / :class:`ModelRunner`, batcher settings, decoding, validation and reply
-(``predict_response``):
+(``predict_response``), and their workers pinned as ``recserve serve`` pins its own (``cpu_groups``):
 
 - ``grpc.aio``: the coroutine queues on the runner's batcher thread and awaits its future
   (``asyncio.wrap_future``), so a worker has two busy threads, the loop and the batch thread;
@@ -54,6 +54,7 @@ from serve_throughput import (
 from recserve.client.loadgen import LoadgenConfig, requests_for, run_loadgen
 from recserve.client.openloop import OpenLoopConfig, run_open_loop
 from recserve.server.batcher import Completed
+from recserve.server.workers import cpu_groups
 
 
 class _LoopBatches:
@@ -108,7 +109,7 @@ class _LoopBatches:
 
 
 def _aio_worker(
-    package: str, port: int, max_batch_size: int, max_queue_delay_ms: float, on_loop: bool
+    package: str, port: int, max_batch_size: int, max_queue_delay_ms: float, on_loop: bool, cpus: list[int]
 ) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -123,7 +124,8 @@ def _aio_worker(
     from recserve.server.servicer import PredictorServicer, predict_response
     from recserve.server.validation import check_request
 
-    torch.set_num_threads(1)  # as `recserve serve` sets it: cores / workers
+    os.sched_setaffinity(0, cpus)  # as `recserve serve` pins its workers, so both are compared pinned
+    torch.set_num_threads(len(cpus))  # as `recserve serve` sets it: one thread per CPU of the worker
     batching = BatcherConfig(max_batch_size, max_queue_delay_ms / 1000.0)
     core = InferenceCore(load_runner(Path(package), batching, ServerMetrics()))
     metadata = PredictorServicer(core).ModelMetadata
@@ -175,10 +177,11 @@ def _aio_main(
     package: str, port: int, workers: int, max_batch_size: int, max_queue_delay_ms: float, on_loop: bool
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=_aio_worker, args=(package, port, max_batch_size, max_queue_delay_ms, on_loop))
-        for _ in range(workers)
-    ]
+    groups = cpu_groups(sorted(os.sched_getaffinity(0)), workers)
+    if groups is None:
+        raise SystemExit(f"--workers {workers}: more workers than CPUs")
+    settings = (package, port, max_batch_size, max_queue_delay_ms, on_loop)
+    procs = [ctx.Process(target=_aio_worker, args=(*settings, cpus)) for cpus in groups]
     for p in procs:
         p.start()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
