@@ -28,7 +28,9 @@ class Recorder:
 
 def test_concurrent_requests_merge_into_one_batch_and_each_gets_its_result():
     fn = Recorder()
-    b = DynamicBatcher(fn, BatcherConfig(max_batch_size=100, max_queue_delay_s=0.2))
+    # The tenth request fills the batch; the long delay keeps a stalled submitting thread (a busy VM once
+    # paused it for over 0.2 s) from closing the batch early.
+    b = DynamicBatcher(fn, BatcherConfig(max_batch_size=10, max_queue_delay_s=5.0))
     futures = [b.submit(i, size=1) for i in range(10)]
     results = [f.result(5) for f in futures]
     assert [r.result for r in results] == [2 * i for i in range(10)]
