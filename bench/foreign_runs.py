@@ -13,6 +13,7 @@ change on all rules at once). The training output of each run is in /tmp/foreign
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -100,27 +101,30 @@ def table(rules, recipes, ranks, extra: tuple[str, ...] = ()) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[0] == "run":
-        recipe, name = argv[1], argv[2]
+    ap = argparse.ArgumentParser(
+        prog="foreign_criteo.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = ap.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("run", help="one recipe on one rule, 1 rank")
+    one.add_argument("recipe")
+    one.add_argument("rule", choices=list(fc.RULES))
+    many = commands.add_parser("table", help="every recipe on every rule")
+    many.add_argument("--ranks", default="1", help="comma-separated rank counts")
+    many.add_argument("--recipes", default=",".join(TABLE_RECIPES))
+    many.add_argument("--set", dest="extra", action="append", default=[], help="override for every run")
+    many.add_argument("rules", nargs="*", help=f"default: {' '.join(TABLE_RULES)}")
+    args = ap.parse_args(argv)
+    if args.command == "run":
         print(machine_line())
-        facts = fc.generate(fc.RULES[name])
-        ours, plain = recipe_auc(recipe, facts, fc.OUT / name), plain_reference(facts)
+        facts = fc.generate(fc.RULES[args.rule])
+        ours, plain = recipe_auc(args.recipe, facts, fc.OUT / args.rule), plain_reference(facts)
         print(
-            f"{recipe} on {name}: held-out AUC {ours:.4f}; plain model {plain:.4f}; "
+            f"{args.recipe} on {args.rule}: held-out AUC {ours:.4f}; plain model {plain:.4f}; "
             f"best possible {facts['best_auc']:.4f} (gap {facts['best_auc'] - ours:.4f})"
         )
         return
-    rules, recipes, ranks, extra = [], list(TABLE_RECIPES), [1], []
-    args = iter(argv[1:])
-    for arg in args:
-        if arg == "--ranks":
-            ranks = [int(n) for n in next(args).split(",")]
-        elif arg == "--recipes":
-            recipes = next(args).split(",")
-        elif arg == "--set":
-            extra.append(next(args))
-        elif arg in fc.RULES:
-            rules.append(arg)
-        else:
-            raise SystemExit(f"unknown argument {arg!r}; rules: {', '.join(fc.RULES)}")
-    table(rules or TABLE_RULES, recipes, ranks, tuple(extra))
+    unknown = [r for r in args.rules if r not in fc.RULES]
+    if unknown:  # not choices=: argparse rejects an empty nargs="*" list against choices
+        many.error(f"unknown rule(s) {', '.join(unknown)}; rules: {', '.join(fc.RULES)}")
+    ranks = [int(n) for n in args.ranks.split(",")]
+    table(args.rules or TABLE_RULES, args.recipes.split(","), ranks, tuple(args.extra))

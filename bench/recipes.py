@@ -65,9 +65,9 @@ def read(path: Path, rows: int = 100_000) -> tuple[torch.Tensor, torch.Tensor, t
     )
 
 
-def plain_auc(train, test, steps: int, rows: int = 100_000, batch: int = 1024, seed: int = 0) -> float:
+def plain_auc(train, test, steps: int, rows: int = 100_000, batch: int = 1024) -> float:
     """26 ``nn.Embedding`` of dim 16, log1p dense, MLP 256-64-1, Adagrad 0.05, ``steps`` steps."""
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     tables = nn.ModuleList(nn.Embedding(rows, 16, sparse=True) for _ in range(26))
     mlp = nn.Sequential(
         nn.Linear(13 + 26 * 16, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1)
