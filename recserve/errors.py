@@ -9,6 +9,11 @@ class InvalidRequestError(RecServeError, ValueError):
     """A request's content is malformed (maps to INVALID_ARGUMENT)."""
 
 
+class NonFiniteScoresError(InvalidRequestError):
+    """A request's inputs drove the model to scores that are not finite (NaN or infinite): the request is
+    refused rather than answered with them (maps to INVALID_ARGUMENT)."""
+
+
 class ModelNotFoundError(RecServeError, LookupError):
     """A request names a model or version the server does not have (maps to NOT_FOUND)."""
 
@@ -44,3 +49,7 @@ class UnauthenticatedError(RecServeError):
 class PermissionDeniedError(RecServeError):
     """An admin call asks for something outside what the server allows, e.g. a path outside its package root
     (maps to PERMISSION_DENIED)."""
+
+
+class StartupError(RecServeError):
+    """The server cannot start as configured: a port that cannot be bound, a path that cannot be used."""

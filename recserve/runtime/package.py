@@ -161,7 +161,27 @@ def read_manifest(package_dir: str | Path) -> PackageManifest:
 
 
 def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
-    """Check that every file the manifest lists exists with its recorded size and sha256."""
+    """Check that the package holds exactly the files the manifest lists, each with its size and sha256.
+
+    Nothing in a package escapes the check: a manifest that lists no file, a listed name that is not a plain
+    file name, a listed file that is missing, and a file (or folder) beside the manifest that it does not
+    list are all refused, as is any file whose bytes differ from the record.
+    """
+    where = Path(package_dir) / MANIFEST_FILE
+    if not manifest.files:
+        raise PackageError(
+            f"{where}: 'files' lists no file, so nothing in the package could be verified; re-export it"
+        )
+    for name in manifest.files:
+        if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or "\\" in name:
+            raise PackageError(f"{where}: files[{name!r}]: not a file name inside the package")
+    present = {p.name for p in Path(package_dir).iterdir() if p.name != MANIFEST_FILE}
+    unlisted = sorted(present - set(manifest.files))
+    if unlisted:
+        raise PackageError(
+            f"{Path(package_dir) / unlisted[0]}: not listed in {MANIFEST_FILE}, so it cannot be verified; "
+            "a package holds only the files its manifest lists (remove it or re-export the package)"
+        )
     for name, entry in manifest.files.items():
         path = Path(package_dir) / name
         if not path.is_file():

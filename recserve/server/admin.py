@@ -33,6 +33,14 @@ AUTH_METADATA_KEY = "authorization"
 _ADMIN_THREADS = 4
 
 
+def bearer_matches(value: str | bytes | None, token: str) -> bool:
+    """Whether an ``authorization`` value is ``Bearer <token>`` (compared in constant time)."""
+    if value is None:
+        return False
+    got = value.encode() if isinstance(value, str) else value
+    return hmac.compare_digest(got, f"Bearer {token}".encode())
+
+
 def resolve_under_root(package_dir: str, root: Path | None) -> Path:
     """``package_dir`` (absolute, or relative to ``root``) resolved; PermissionDeniedError outside root."""
     if "\x00" in package_dir:
@@ -67,7 +75,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses, with UNAUTHENTICATED, every call whose metadata lacks ``authorization: Bearer <token>``."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -87,11 +95,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         )
 
     def _authorized(self, handler_call_details) -> bool:
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == AUTH_METADATA_KEY:
-                got = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(got, self._expected)
-        return False
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        return bearer_matches(metadata.get(AUTH_METADATA_KEY), self._token)
 
 
 def build_admin_server(cfg: ServeConfig, control: ModelControl, metrics: ServerMetrics) -> grpc.Server:

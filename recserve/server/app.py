@@ -22,6 +22,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from recserve.errors import StartupError
 from recserve.server.admin import build_admin_server
 from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
 from recserve.server.batcher import BatcherConfig
@@ -31,6 +32,7 @@ from recserve.server.core import InferenceCore
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
+from recserve.server.ports import bind_grpc, bind_with
 from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
 from recserve.server.rest import RestApi, RestServer
@@ -52,7 +54,13 @@ def load_runner(
     from recserve.runtime import Predictor
 
     predictor = Predictor.load(package_dir, device=device)
-    runner = ModelRunner(predictor, batcher_config, observer=metrics, package_dir=Path(package_dir))
+    runner = ModelRunner(
+        predictor,
+        batcher_config,
+        observer=metrics,
+        package_dir=Path(package_dir),
+        on_nonfinite=metrics.nonfinite_scores.inc,
+    )
     try:
         runner.warmup()
     except Exception:
@@ -69,6 +77,25 @@ def _server_credentials(cfg: ServeConfig) -> grpc.ServerCredentials:
         root_certificates=ca,
         require_client_auth=ca is not None,
     )
+
+
+def connection_options(cfg: ServeConfig) -> list[tuple[str, int]]:
+    """gRPC channel arguments that bound what one client's connection may hold, and for how long."""
+
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
+    return [
+        ("grpc.max_connection_age_ms", ms(cfg.grpc_max_connection_age_s)),
+        # RPCs in flight when a connection reaches its age get the drain timeout to finish.
+        ("grpc.max_connection_age_grace_ms", ms(cfg.drain_timeout_s)),
+        ("grpc.max_connection_idle_ms", ms(cfg.grpc_max_connection_idle_s)),
+        ("grpc.keepalive_time_ms", ms(cfg.grpc_keepalive_s)),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        # Clients that keep their connection alive with pings (every 10 s or slower) are not cut off.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
 
 
 class RecServer:
@@ -103,6 +130,8 @@ class RecServer:
             self.control,
             cfg.effective_reload_root,
             polling=cfg.watch is not None,
+            explicit=cfg.model_control == "explicit",
+            token=cfg.admin_token,
         )
         self.health = health.HealthServicer()
         self.reloader.on_change = self._model_health
@@ -117,7 +146,15 @@ class RecServer:
         self._metrics_http = None
         self._rest = None
         if cfg.http_port is not None:
-            api = RestApi(self.core, self.repository, self.metrics, self.admission, device=cfg.device)
+            limits = cfg.http_limits()
+            api = RestApi(
+                self.core,
+                self.repository,
+                self.metrics,
+                self.admission,
+                device=cfg.device,
+                read_timeout_s=limits.read_timeout_s,
+            )
             self._rest = RestServer(
                 api,
                 cfg.host,
@@ -125,6 +162,7 @@ class RecServer:
                 max_body_bytes=cfg.max_message_bytes,
                 drain_timeout_s=cfg.drain_timeout_s,
                 reuse_port=cfg.workers > 1,
+                limits=limits,
             )
         self._probe_dir: str | None = None
         self.port = 0
@@ -141,6 +179,7 @@ class RecServer:
             # and 3,000 pending, as CANCELLED, seen by no interceptor): let admission control decide instead.
             ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
             ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
+            *connection_options(cfg),
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
@@ -169,27 +208,26 @@ class RecServer:
         if isinstance(self.control, SharedControl):
             # A worker that starts late catches up on the model calls the others got before it serves.
             self.control.start()
-        address = f"{cfg.host}:{cfg.port}"
-        if cfg.tls_cert is not None:
-            self.port = self._server.add_secure_port(address, _server_credentials(cfg))
-        else:
-            self.port = self._server.add_insecure_port(address)
-        if self.port == 0:
-            raise OSError(f"--host/--port: could not bind {address}")
+        credentials = _server_credentials(cfg) if cfg.tls_cert is not None else None
+        shared = cfg.workers > 1
+        self.port = bind_grpc(self._server, "--port", cfg.host, cfg.port, credentials, reuse_port=shared)
         probe_address = None
         if self.lag is not None:
             probe_address, self._probe_dir = private_socket()
             if self._server.add_insecure_port(probe_address) == 0:
-                raise OSError(f"could not bind the queue-lag probe socket {probe_address}")
+                raise StartupError(f"could not bind the queue-lag probe socket {probe_address}")
         self._start_admin()
         self._server.start()
         if self._rest is not None:
-            self.http_port = self._rest.start()
+            self.http_port = bind_with("--http-port", cfg.host, cfg.http_port, self._rest.start)
         if probe_address is not None:
             self.lag.start(probe_address)
         if cfg.metrics_port is not None:
-            self._metrics_http = start_metrics_http_server(
-                cfg.metrics_port, cfg.metrics_host, self.metrics.registry
+            self._metrics_http = bind_with(
+                "--metrics-port",
+                cfg.metrics_host,
+                cfg.metrics_port,
+                lambda: start_metrics_http_server(cfg.metrics_port, cfg.metrics_host, self.metrics.registry),
             )
         self.reloader.start_watching()
         for name in HEALTH_SERVICES:
@@ -217,13 +255,15 @@ class RecServer:
         cfg = self.cfg
         if self._admin is None:
             return
-        address = f"{cfg.admin_host}:{cfg.admin_port}"
-        if cfg.tls_cert is not None:
-            self.admin_port = self._admin.add_secure_port(address, _server_credentials(cfg))
-        else:
-            self.admin_port = self._admin.add_insecure_port(address)
-        if self.admin_port == 0:
-            raise OSError(f"--admin-host/--admin-port: could not bind {address}")
+        credentials = _server_credentials(cfg) if cfg.tls_cert is not None else None
+        self.admin_port = bind_grpc(
+            self._admin,
+            "--admin-port",
+            cfg.admin_host,
+            cfg.admin_port,
+            credentials,
+            reuse_port=cfg.workers > 1,
+        )
         self._admin.start()
         auth = "token" if cfg.admin_token else "client certificates" if cfg.tls_client_ca else "loopback only"
         logger.info("admin service on %s:%d (%s)", cfg.admin_host, self.admin_port, auth)
@@ -259,7 +299,11 @@ def run_server(cfg: ServeConfig) -> int:
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server = RecServer(cfg)
-        server.start()
+        try:
+            server.start()
+        except BaseException:
+            server.stop()  # whatever did start (a port, the admin service, batching) stops cleanly
+            raise
         while not stop.wait(0.5):
             pass
         logger.info("signal received: draining")

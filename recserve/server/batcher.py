@@ -251,6 +251,9 @@ class DynamicBatcher(Generic[T, R]):
         examples = sum(p.size for p in live)
         waits = [start - p.arrival for p in live]
         for p, result, wait in zip(live, results, waits):
-            p.future.set_result(Completed(result, wait, seconds, examples))
+            if isinstance(result, Exception):  # the batch ran, but this item's result is refused
+                p.future.set_exception(result)
+            else:
+                p.future.set_result(Completed(result, wait, seconds, examples))
         if self._observer is not None:
             self._observer.batch_done(examples, waits, seconds)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from recserve.errors import InvalidRequestError
-from recserve.server.config import ADMIN_TOKEN_ENV
+from recserve.server.config import ADMIN_TOKEN_ENV, MODEL_CONTROL_MODES
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +35,36 @@ def _add_serve(subparsers) -> None:
         type=int,
         default=-1,
         help="Open Inference Protocol over HTTP/REST on --host (e.g. 8000, as KServe/Triton); -1: off",
+    )
+    p.add_argument(
+        "--http-read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a REST request body may take to arrive (408 after; default %(default)s)",
+    )
+    p.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=15.0,
+        help="seconds a REST connection may go without a complete request head (default %(default)s)",
+    )
+    p.add_argument(
+        "--http-max-connections", type=int, default=1024, help="open REST connections at once (more: 503)"
+    )
+    p.add_argument(
+        "--grpc-max-connection-age",
+        type=float,
+        default=3600.0,
+        help="seconds before a gRPC connection is closed gracefully (clients reconnect)",
+    )
+    p.add_argument(
+        "--grpc-max-connection-idle",
+        type=float,
+        default=900.0,
+        help="seconds a gRPC connection may stay without RPCs",
+    )
+    p.add_argument(
+        "--grpc-keepalive", type=float, default=60.0, help="seconds between pings of an idle gRPC connection"
     )
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
@@ -91,6 +121,15 @@ def _add_serve(subparsers) -> None:
         type=Path,
         help="admin reloads load only packages under this dir (default --watch, else --package's parent)",
     )
+    p.add_argument(
+        "--model-control",
+        "--model-control-mode",
+        dest="model_control",
+        choices=MODEL_CONTROL_MODES,
+        default="none",
+        help="none (default): Triton's repository load/unload are refused on the serving ports (reload "
+        "through the admin service); explicit: they are served there too, under --admin-token when set",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -106,6 +145,12 @@ def _serve(args: argparse.Namespace) -> int:
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         metrics_host=args.metrics_host,
         http_port=None if args.http_port < 0 else args.http_port,
+        http_read_timeout_s=args.http_read_timeout,
+        http_idle_timeout_s=args.http_idle_timeout,
+        http_max_connections=args.http_max_connections,
+        grpc_max_connection_age_s=args.grpc_max_connection_age,
+        grpc_max_connection_idle_s=args.grpc_max_connection_idle,
+        grpc_keepalive_s=args.grpc_keepalive,
         workers=args.workers,
         pin_workers=args.pin_workers,
         max_batch_size=args.max_batch_size,
@@ -127,6 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_port=None if args.admin_port < 0 else args.admin_port,
         admin_token=args.admin_token,
         reload_root=args.reload_root,
+        model_control=args.model_control,
     )
     return serve(cfg)
 

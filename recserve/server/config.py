@@ -11,10 +11,39 @@ from recserve.server.admission import default_max_inflight
 from recserve.server.batcher import BatcherConfig
 
 ADMIN_TOKEN_ENV = "RECSERVE_ADMIN_TOKEN"
+# Triton's --model-control-mode values recserve takes: "none" (no load/unload on the serving ports) or
+# "explicit" (Triton's repository load/unload there too, under the admin credentials); --watch is "poll".
+MODEL_CONTROL_MODES = ("none", "explicit")
 
 
 class ServeConfigError(RecServeError, ValueError):
     """A ``recserve serve`` option is invalid."""
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one slow or idle client may hold.
+
+    ``read_timeout_s``: the longest a request body may take to arrive (HTTP 408 after it); a request counts
+    against admission only once its body is in, so slow uploads never hold an in-flight slot.
+    ``idle_timeout_s``: a connection that sends no complete request head for this long (at its start, or
+    between keep-alive requests) is closed, so trickled headers cannot hold a socket.
+    ``max_connections``: open connections at once; more are answered 503 and closed as they arrive.
+    """
+
+    read_timeout_s: float = 30.0
+    idle_timeout_s: float = 15.0
+    max_connections: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.read_timeout_s <= 0 or self.idle_timeout_s <= 0:
+            raise ValueError("HTTP read and idle timeouts must be > 0")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
 
 
 @dataclass(frozen=True)
@@ -27,6 +56,9 @@ class ServeConfig:
     metrics_port: int | None = 9400  # None: no /metrics endpoint
     metrics_host: str = "127.0.0.1"
     http_port: int | None = None  # Open Inference Protocol REST on --host (None: off)
+    http_read_timeout_s: float = 30.0  # longest a request body may take to arrive
+    http_idle_timeout_s: float = 15.0  # longest a connection may go without a complete request head
+    http_max_connections: int = 1024
     workers: int = 1
     # With several workers on CPU, worker i runs on the i-th of N equal groups of the CPUs the server may use.
     pin_workers: bool = True
@@ -37,6 +69,11 @@ class ServeConfig:
     max_inflight: int | None = None  # None: default_max_inflight(grpc_threads, max_queue_size)
     max_queue_lag_ms: float = 100.0  # refuse new calls while calls wait longer to be seen (0: off)
     max_message_bytes: int = 64 * 1024 * 1024
+    # gRPC connections: closed after this age (clients reconnect, so load spreads over new workers and pods,
+    # and no connection lives for ever), or after this long without an RPC; pings find dead peers.
+    grpc_max_connection_age_s: float = 3600.0
+    grpc_max_connection_idle_s: float = 900.0
+    grpc_keepalive_s: float = 60.0
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
@@ -49,6 +86,7 @@ class ServeConfig:
     admin_port: int | None = 50052  # None: no admin service
     admin_token: str | None = None  # required in the metadata of admin calls when set
     reload_root: Path | None = None  # None: the --watch dir, else the --package dir's parent
+    model_control: str = "none"  # see MODEL_CONTROL_MODES
     # Set by the parent of --workers N for each worker (recserve.server.control): model control is shared.
     worker_index: int = 0
     control_dir: Path | None = None
@@ -92,6 +130,20 @@ class ServeConfig:
         if self.max_queue_lag_ms < 0:
             raise ServeConfigError(f"--max-queue-lag-ms: expected >= 0 (0: off), got {self.max_queue_lag_ms}")
         self._check_admin()
+        self._check_model_control()
+        try:
+            self.http_limits()
+        except ValueError as exc:
+            raise ServeConfigError(
+                f"--http-read-timeout / --http-idle-timeout / --http-max-connections: {exc}"
+            ) from None
+        for flag, seconds in (
+            ("--grpc-max-connection-age", self.grpc_max_connection_age_s),
+            ("--grpc-max-connection-idle", self.grpc_max_connection_idle_s),
+            ("--grpc-keepalive", self.grpc_keepalive_s),
+        ):
+            if seconds <= 0:
+                raise ServeConfigError(f"{flag}: expected seconds > 0, got {seconds}")
         try:
             self.batcher_config()
         except ValueError as exc:
@@ -120,6 +172,24 @@ class ServeConfig:
                 "certificates with --tls-client-ca, or bind it to 127.0.0.1"
             )
 
+    def _check_model_control(self) -> None:
+        if self.model_control not in MODEL_CONTROL_MODES:
+            raise ServeConfigError(
+                f"--model-control: expected one of {list(MODEL_CONTROL_MODES)}, got {self.model_control!r}"
+            )
+        if self.model_control == "none":
+            return
+        if self.watch is not None:
+            raise ServeConfigError(
+                "--model-control explicit: --watch already decides what serves (Triton's poll mode); give one"
+            )
+        if not is_loopback(self.host) and self.admin_token is None and self.tls_client_ca is None:
+            raise ServeConfigError(
+                f"--model-control explicit: repository load/unload would be open to anyone who reaches "
+                f"--host {self.host}; set --admin-token (or {ADMIN_TOKEN_ENV}) or --tls-client-ca, "
+                "or bind to 127.0.0.1"
+            )
+
     @property
     def effective_max_inflight(self) -> int:
         """The admission limit: ``max_inflight``, or the default derived from the threads and the queue."""
@@ -132,6 +202,13 @@ class ServeConfig:
         """The directory admin reloads may load from (symlinks resolved)."""
         root = self.reload_root or self.watch or (Path(self.package).parent if self.package else None)
         return None if root is None else Path(root).resolve()
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            read_timeout_s=self.http_read_timeout_s,
+            idle_timeout_s=self.http_idle_timeout_s,
+            max_connections=self.http_max_connections,
+        )
 
     def batcher_config(self) -> BatcherConfig:
         return BatcherConfig(

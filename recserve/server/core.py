@@ -151,6 +151,12 @@ class InferenceCore:
             return None
         return max(0.0, ticket.deadline - time.monotonic()) + _RESULT_GRACE_SECONDS
 
+    def expired(self, ticket: Ticket) -> DeadlineExceededError:
+        """Counts a ticket whose wait ran out before its batch finished; returns the error to raise."""
+        ticket.future.cancel()  # no use computing it if it has not started
+        ticket.runner.stats.request_done(False, time.monotonic() - ticket.received)
+        return DeadlineExceededError("the request's deadline passed while its batch was computed")
+
     def infer(
         self,
         arrays: FeatureArrays,
@@ -167,10 +173,7 @@ class InferenceCore:
         try:
             ticket.future.result(self.wait_timeout(ticket))
         except FutureTimeout:
-            ticket.runner.stats.request_done(False, time.monotonic() - ticket.received)
-            raise DeadlineExceededError(
-                "the request's deadline passed while its batch was computed"
-            ) from None
+            raise self.expired(ticket) from None
         except BaseException:
             pass  # complete() re-raises it and counts it
         return self.complete(ticket)

@@ -68,6 +68,11 @@ class ServerMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.nonfinite_scores = Counter(
+            "recserve_nonfinite_scores",
+            "Requests refused because the model's scores for them were not finite (NaN or infinite)",
+            registry=r,
+        )
         self.model_reloads = Counter(
             "recserve_model_reloads", "Model loads after start, by result", ["result"], registry=r
         )

@@ -23,6 +23,7 @@ from torch import Tensor
 
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
+from recserve.server.admin import AUTH_METADATA_KEY
 from recserve.server.arrays import FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
@@ -88,6 +89,10 @@ def _decode_input(tensor, raw: bytes | None) -> Tensor:
     count = _element_count(tensor, rank=2 if role == "dense" else 1)
     le, field = _DATATYPES[tensor.datatype]
     if raw is not None:
+        if tensor.contents.ByteSize():
+            raise InvalidRequestError(
+                f"inputs[{tensor.name!r}]: given both as contents and in raw_input_contents; send one"
+            )
         itemsize = np.dtype(le).itemsize
         if len(raw) != count * itemsize:
             raise InvalidRequestError(
@@ -145,6 +150,22 @@ def check_parameters(where: str, parameters, known: dict[str, tuple[str, ...]]) 
             )
         if kind == "int64_param" and param.int64_param < 0:
             raise InvalidRequestError(f"{where}.parameters[{name!r}]: must be >= 0, got {param.int64_param}")
+
+
+def named(field: str, name: str) -> str:
+    """``name``, unless it is empty: every OIP call that addresses a model must name it (Triton's rule)."""
+    if not name:
+        raise InvalidRequestError(f"{field}: empty; name the model (the server's ModelMetadata / index)")
+    return name
+
+
+def parameter_deadline(parameters, received: float, deadline: float | None = None) -> float | None:
+    """The earlier of ``deadline`` and the request's ``timeout`` parameter (Triton's: microseconds after
+    ``received``, 0 meaning none), as a ``time.monotonic()`` instant."""
+    if "timeout" not in parameters or parameters["timeout"].int64_param <= 0:
+        return deadline
+    own = received + parameters["timeout"].int64_param / 1e6
+    return own if deadline is None else min(own, deadline)
 
 
 def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) -> FeatureArrays:
@@ -250,6 +271,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         return oip_pb2.ServerReadyResponse(ready=self._core.ready)
 
     def ModelReady(self, request, context):
+        named("name", request.name)
         try:
             self._core.find(request.name, request.version)
         except (ModelNotFoundError, UnavailableError):
@@ -262,7 +284,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     def ModelMetadata(self, request, context):
-        s = self._core.find(request.name, request.version).schema
+        s = self._core.find(named("name", request.name), request.version).schema
         resp = oip_pb2.ModelMetadataResponse(name=s.model_name, versions=[s.version], platform=PLATFORM)
         for name, dtype, shape in input_metadata(s):
             resp.inputs.add(name=name, datatype=dtype, shape=shape)
@@ -271,11 +293,11 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
         received = time.monotonic()
-        schema = self._core.find(request.model_name, request.model_version).schema
+        schema = self._core.find(named("model_name", request.model_name), request.model_version).schema
         arrays = decode_infer_request(request, schema)
         result = self._core.infer(
             arrays,
-            deadline=request_deadline(context, received),
+            deadline=parameter_deadline(request.parameters, received, request_deadline(context, received)),
             model_name=request.model_name,
             model_version=request.model_version,
             received=received,
@@ -291,7 +313,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def ModelConfig(self, request, context):
-        runner = self._core.find(request.name, request.version)
+        runner = self._core.find(named("name", request.name), request.version)
         return oip_pb2.ModelConfigResponse(
             config=model_config(runner, input_metadata(runner.schema), self._device)
         )
@@ -308,9 +330,13 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         return oip_pb2.RepositoryIndexResponse(models=self._repository.index(request.ready))
 
     def RepositoryModelLoad(self, request, context):
-        self._repository.load(request.model_name, request.parameters)
+        self._repository.load(request.model_name, request.parameters, _authorization(context))
         return oip_pb2.RepositoryModelLoadResponse()
 
     def RepositoryModelUnload(self, request, context):
-        self._repository.unload(request.model_name, request.parameters)
+        self._repository.unload(request.model_name, request.parameters, _authorization(context))
         return oip_pb2.RepositoryModelUnloadResponse()
+
+
+def _authorization(context: grpc.ServicerContext) -> str | None:
+    return dict(context.invocation_metadata() or ()).get(AUTH_METADATA_KEY)

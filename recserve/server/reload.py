@@ -3,8 +3,10 @@
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
 versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
 numeric names (``DIR/1``, ``DIR/2``, ...); the highest one whose ``manifest.json`` exists is the one to serve.
-The folder's number is the version: a version folder whose manifest records another version is refused before
-it is loaded (an error naming both, counted as a failed reload), never loaded and silently discarded.
+The folder's name is the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is
+refused): a version folder whose manifest records another version is refused before it is loaded (an error
+naming both, counted as a failed reload), never loaded and silently discarded; so is a version folder that
+is a link leading out of the watch dir.
 A package that fails to load is logged, counted in ``recserve_model_reloads_total{result="failure"}``, and not
 retried until one of its files changes. Place a version atomically (write it elsewhere, then rename it into
 the watch dir), so that the watch never sees half of it.
@@ -42,19 +44,27 @@ def newest_version_dir(watch_dir: Path) -> Path | None:
 
 
 def check_version_dir(package_dir: Path, watch_dir: Path | None) -> None:
-    """PackageError when ``package_dir`` is a version folder of ``watch_dir`` whose manifest disagrees."""
-    if watch_dir is None or not package_dir.name.isdigit():
+    """PackageError when ``package_dir`` is a version folder of ``watch_dir`` that may not serve: a link that
+    leads out of the watch dir, or a manifest whose version is not the folder's name, exactly."""
+    if watch_dir is None:
         return
-    if Path(package_dir).resolve().parent != Path(watch_dir).resolve():
-        return
+    package_dir, root = Path(package_dir), Path(watch_dir).resolve()
+    if package_dir.parent.resolve() != root:
+        return  # not a version folder of the watch dir (an admin reload of another package)
+    target = package_dir.resolve()
+    if target == root or not target.is_relative_to(root):
+        raise PackageError(
+            f"{package_dir}: links to {target}, outside the watch dir {root}; a version folder must be (or "
+            "link to) a package inside it"
+        )
     from recserve.runtime import read_manifest
 
     version = read_manifest(package_dir).version
-    if not (version.isdigit() and int(version) == int(package_dir.name)):
+    if version != package_dir.name:
         raise PackageError(
             f"{package_dir}: the folder says version {package_dir.name} but its {MANIFEST} says version "
             f"{version!r}; re-export it with --version {package_dir.name} (or move it to "
-            f"{watch_dir}/{version})"
+            f"{root}/{version})"
         )
 
 

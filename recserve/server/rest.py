@@ -13,7 +13,7 @@ unavailable, 504 deadline).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import threading
 import time
@@ -25,12 +25,14 @@ from aiohttp import web
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
 from recserve.server.admission import AdmissionLimit
+from recserve.server.config import HttpLimits
 from recserve.server.core import InferenceCore
 from recserve.server.metrics import ServerMetrics
-from recserve.server.oip import SCORES_OUTPUT, decode_infer_request, input_metadata
+from recserve.server.oip import SCORES_OUTPUT, decode_infer_request, input_metadata, parameter_deadline
 from recserve.server.protos import oip_pb2
 from recserve.server.rest_codec import (
     HEADER_LENGTH,
+    TOO_DEEP,
     infer_request,
     infer_response,
     message_json,
@@ -58,6 +60,7 @@ HTTP_STATUS = {
 _EXEMPT = frozenset({"ServerLive", "ServerReady"})  # probes answer under overload
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
+REFUSED_CONNECTION = "rest/connection"  # the method label of connections refused over the limit
 
 
 class RestApi:
@@ -71,12 +74,17 @@ class RestApi:
         admission: AdmissionLimit,
         *,
         device: str = "cpu",
+        read_timeout_s: float = HttpLimits.read_timeout_s,
     ) -> None:
         self._core = core
         self._repository = repository
         self._metrics = metrics
         self._admission = admission
         self._device = device
+        self._read_timeout_s = read_timeout_s
+
+    def count_refused_connection(self) -> None:
+        self._metrics.requests.labels(REFUSED_CONNECTION, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes, middlewares=[self._outcome])
@@ -108,6 +116,12 @@ class RestApi:
                 code = grpc.StatusCode.UNIMPLEMENTED
                 return _error(code, f"{request.method} {request.path}: no such endpoint", status=404)
             if route not in _EXEMPT:
+                if request.can_read_body and not await self._body_arrived(request):
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    message = f"request body: not received within {self._read_timeout_s:g} s"
+                    response = _error(code, message, status=408)
+                    response.force_close()  # the rest of the body may still be on its way
+                    return response
                 admitted = self._admission.try_acquire()
                 if not admitted:
                     code = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -129,6 +143,9 @@ class RestApi:
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED  # the client went away
             raise
+        except ConnectionError:  # the client went away while sending its body: nobody to answer
+            code = grpc.StatusCode.CANCELLED
+            return web.Response(status=499)
         except Exception as exc:
             code = status_code_for(exc)
             if code is grpc.StatusCode.INTERNAL:
@@ -139,6 +156,14 @@ class RestApi:
                 self._admission.release()
             self._metrics.requests.labels(method, code.name).inc()
             self._metrics.request_latency.labels(method).observe(time.perf_counter() - start)
+
+    async def _body_arrived(self, request: web.Request) -> bool:
+        """Reads the whole body (aiohttp keeps it for the handler); False when it took too long."""
+        try:
+            await asyncio.wait_for(request.read(), self._read_timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -207,8 +232,9 @@ class RestApi:
         parameters = doc.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidRequestError("parameters: expected an object")
+        model, authorization = request.match_info["model"], request.headers.get("Authorization")
         # Loading reads and warms up a package: off the event loop, so inference goes on meanwhile.
-        await asyncio.get_running_loop().run_in_executor(None, call, request.match_info["model"], parameters)
+        await asyncio.get_running_loop().run_in_executor(None, call, model, parameters, authorization)
 
     async def infer(self, request: web.Request) -> web.Response:
         received = time.monotonic()
@@ -217,9 +243,17 @@ class RestApi:
         doc, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         req = infer_request(doc, binary, name, version)
         arrays = decode_infer_request(req, schema)
-        ticket = self._core.submit(arrays, model_name=name, model_version=version, received=received)
-        with contextlib.suppress(Exception):  # complete() raises it and counts it
-            await asyncio.wrap_future(ticket.future)  # cancelled with the request when the client leaves
+        deadline = parameter_deadline(req.parameters, received)
+        ticket = self._core.submit(
+            arrays, deadline=deadline, model_name=name, model_version=version, received=received
+        )
+        waiting = asyncio.wrap_future(ticket.future)  # cancelled with the request when the client leaves
+        try:
+            await asyncio.wait_for(waiting, self._core.wait_timeout(ticket))
+        except asyncio.TimeoutError:
+            raise self._core.expired(ticket) from None
+        except Exception:
+            pass  # complete() raises it and counts it
         result = self._core.complete(ticket)
         resp = oip_pb2.ModelInferResponse(
             model_name=result.model_name, model_version=result.model_version, id=req.id
@@ -235,6 +269,8 @@ async def _json_object(request: web.Request) -> dict:
         doc = await request.json()
     except ValueError as exc:
         raise InvalidRequestError(f"request body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequestError(TOO_DEEP) from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("request body: expected a JSON object")
     return doc
@@ -242,6 +278,21 @@ async def _json_object(request: web.Request) -> dict:
 
 def _error(code: grpc.StatusCode, message: str, status: int | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status or HTTP_STATUS.get(code, 500))
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over ``max_connections``: a 503 answer, then closed, before any byte is read."""
+
+    def __init__(self, limit: int) -> None:
+        body = json.dumps({"error": f"server overloaded: {limit} open HTTP connections; retry with backoff"})
+        self._reply = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+        ).encode()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self._reply)  # type: ignore[attr-defined]
+        transport.close()
 
 
 class RestServer:
@@ -256,12 +307,16 @@ class RestServer:
         max_body_bytes: int,
         drain_timeout_s: float,
         reuse_port: bool = False,
+        limits: HttpLimits | None = None,
     ) -> None:
+        self._api = api
         self._app = api.app(max_body_bytes)
         self._host, self._port, self._reuse_port = host, port, reuse_port
         self._drain_timeout_s = drain_timeout_s
+        self._limits = limits or HttpLimits()
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="rest", daemon=True)
         self.port = 0
 
@@ -274,15 +329,31 @@ class RestServer:
 
     async def _start(self) -> int:
         self._runner = web.AppRunner(
-            self._app, access_log=None, handle_signals=False, shutdown_timeout=self._drain_timeout_s
+            self._app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self._drain_timeout_s,
+            keepalive_timeout=self._limits.idle_timeout_s,  # also bounds the wait for a request head
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=self._reuse_port or None)
-        await site.start()
-        return self._runner.addresses[0][1]
+        handlers, limit = self._runner.server, self._limits.max_connections
+
+        def connection() -> asyncio.Protocol:
+            if len(handlers.connections) >= limit:
+                self._api.count_refused_connection()
+                return _Refused(limit)
+            return handlers()
+
+        # Our own listener over aiohttp's protocol factory: aiohttp's sites have no connection limit.
+        self._listener = await self._loop.create_server(
+            connection, self._host, self._port, reuse_port=self._reuse_port or None
+        )
+        return self._listener.sockets[0].getsockname()[1]
 
     def stop(self) -> None:
         """Stops accepting, lets requests in flight finish (up to the drain timeout), stops the loop."""
+        if self._listener is not None:
+            self._loop.call_soon_threadsafe(self._listener.close)
         if self._runner is not None:
             future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
             future.result(self._drain_timeout_s + 10)

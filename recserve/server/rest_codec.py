@@ -21,6 +21,7 @@ from recserve.errors import InvalidRequestError
 from recserve.server.protos import oip_pb2
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+TOO_DEEP = "request body: JSON nested too deeply to parse"
 # datatype -> (little-endian numpy dtype, numpy kinds its JSON numbers may have, smallest, largest)
 _JSON_TYPES = {
     "FP32": ("<f4", "iuf", None, None),
@@ -46,6 +47,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         doc = json.loads(body[:n])
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"request body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequestError(TOO_DEEP) from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("request body: expected a JSON object with 'inputs'")
     return doc, body[n:]
@@ -101,6 +104,10 @@ def _input(i: int, tensor, binary: bytes, offset: int, req) -> tuple[bytes, int]
     le, kinds, lo, hi = _JSON_TYPES[datatype]
     nbytes = math.prod(shape) * np.dtype(le).itemsize
     if "binary_data_size" in t.parameters:
+        if "data" in tensor:
+            raise InvalidRequestError(
+                f"{where}: given both as 'data' and as binary_data_size bytes after the JSON; send one"
+            )
         size = t.parameters["binary_data_size"].int64_param
         if size != nbytes:
             raise InvalidRequestError(
@@ -121,7 +128,7 @@ def _json_data(where: str, data, shape: list[int], le: str, kinds: str, lo, hi) 
     """A JSON ``data`` list (flat or nested, row-major) as little-endian bytes, its numbers checked first."""
     try:
         arr = np.asarray(data)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise InvalidRequestError(f"{where}.data: not a (nested) list of numbers") from None
     if arr.size and (arr.dtype.kind not in kinds or arr.dtype == np.bool_):  # [] is float64 to numpy
         wanted = "integers" if kinds == "iu" else "numbers"

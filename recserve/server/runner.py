@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
@@ -15,6 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from recserve.errors import NonFiniteScoresError
 from recserve.server.arrays import FeatureArrays
 from recserve.server.batcher import BatcherConfig, BatchObserver, DynamicBatcher
 from recserve.server.stats import ModelStats
@@ -88,13 +90,15 @@ class ModelRunner:
         *,
         observer: BatchObserver | None = None,
         package_dir: Path | None = None,
+        on_nonfinite: Callable[[], None] | None = None,
     ) -> None:
         self.predictor = predictor
+        self._on_nonfinite = on_nonfinite
         self.package_dir = package_dir
         self.schema = ModelSchema.from_metadata(predictor.metadata, batcher_config.max_batch_size)
         self.feature_dtypes = _feature_dtypes(package_dir, predictor.metadata.table_dtypes)
         self.stats = ModelStats()
-        self.batcher: DynamicBatcher[InferenceRequest, Tensor] = DynamicBatcher(
+        self.batcher: DynamicBatcher[InferenceRequest, Tensor | Exception] = DynamicBatcher(
             self._predict_batch,
             batcher_config,
             observer=observer,
@@ -110,7 +114,9 @@ class ModelRunner:
         return self.batcher.submit(request, size=request.batch_size, deadline=deadline)
 
     @torch.inference_mode()
-    def _predict_batch(self, requests: list[InferenceRequest], *, record: bool = True) -> list[Tensor]:
+    def _predict_batch(
+        self, requests: list[InferenceRequest], *, record: bool = True
+    ) -> list[Tensor | Exception]:
         t0 = time.perf_counter()
         dense, kjt = merge_requests(requests)
         t1 = time.perf_counter()
@@ -119,12 +125,29 @@ class ModelRunner:
         t2 = time.perf_counter()
         if scores.numel() != dense.shape[0]:
             raise RuntimeError(f"predictor returned {scores.numel()} scores for a batch of {dense.shape[0]}")
-        out = list(torch.split(scores.to(torch.float32), [r.batch_size for r in requests]))
+        out: list[Tensor | Exception] = list(
+            torch.split(scores.to(torch.float32), [r.batch_size for r in requests])
+        )
+        if not bool(torch.isfinite(scores).all()):
+            out = [self._refuse_nonfinite(part) for part in out]
         if record:
             self.stats.batch_done(
                 int(dense.shape[0]), len(requests), t1 - t0, t2 - t1, time.perf_counter() - t2
             )
         return out
+
+    def _refuse_nonfinite(self, scores: Tensor) -> Tensor | Exception:
+        """``scores``, or the error its request gets when any of them is NaN or infinite."""
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if not bad:
+            return scores
+        if self._on_nonfinite is not None:
+            self._on_nonfinite()
+        shown = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
+        return NonFiniteScoresError(
+            f"scores of example(s) [{shown}] are not finite (NaN or infinite): their inputs (dense values "
+            "far outside the training data's range?) drive the model beyond float32"
+        )
 
     def warmup(self, batch_size: int = 8) -> None:
         """Checks and scores one request of id 0, so that a swapped-in model answers its first request at

@@ -16,7 +16,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
+from recserve.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from recserve.server.admin import AUTH_METADATA_KEY, bearer_matches
 from recserve.server.control import ModelControl
 from recserve.server.core import InferenceCore
 from recserve.server.protos import oip_pb2
@@ -32,6 +39,11 @@ _RAGGED_ROLES = ("values", "weights")
 POLLING_REFUSAL = (
     "explicit model load / unload is not allowed if polling is enabled (the server runs with --watch: "
     "add or remove version directories instead)"
+)
+CONTROL_OFF = (
+    "model control is off on the serving port (--model-control none, the default): load or reload through "
+    "the admin service (`recserve query --reload`, --admin-port), or start the server with --model-control "
+    "explicit to take repository load/unload here under the admin credentials"
 )
 
 
@@ -107,9 +119,10 @@ class Repository:
     """Triton's model repository extension for a server of one model.
 
     The repository is the reload root (``--reload-root``, by default the ``--package`` dir's parent): a load
-    serves its highest numbered version directory, or the package served last when it has none. With
-    ``--watch`` the watch decides what serves, so explicit load and unload are refused as Triton refuses them
-    when it polls its repository.
+    serves its highest numbered version directory, or the package served last when it has none. Load and
+    unload change what every client gets, so on the serving ports they are off unless the server runs with
+    ``--model-control explicit`` (Triton's name), and then they need the admin token when one is set. With
+    ``--watch`` the watch decides what serves, so they are refused as Triton refuses them when it polls.
     """
 
     def __init__(
@@ -119,11 +132,15 @@ class Repository:
         root: Path | None,
         *,
         polling: bool,
+        explicit: bool = False,
+        token: str | None = None,
     ) -> None:
         self._core = core
         self._control = control
         self._root = root
         self._polling = polling
+        self._explicit = explicit
+        self._token = token
 
     def index(self, ready_only: bool = False) -> list[oip_pb2.RepositoryIndexResponse.ModelIndex]:
         runner = self._core.current
@@ -138,21 +155,32 @@ class Repository:
         """``runner``'s version's statistics; with several workers, summed over those serving it."""
         return model_statistics(runner, self._control.statistics(*runner.model_id))
 
-    def load(self, model_name: str, parameters) -> None:
-        self._check(model_name, parameters, allowed=())
+    def load(self, model_name: str, parameters, authorization: str | None = None) -> None:
+        """``authorization``: the call's ``authorization`` metadata (gRPC) or header (REST), if any."""
+        self._check("RepositoryModelLoad", model_name, parameters, authorization, allowed=())
         name, version, swapped = self._control.load_latest(self._root)
         logger.info(
             "repository load of %s: serving version %s%s", name, version, "" if swapped else " (already)"
         )
 
-    def unload(self, model_name: str, parameters) -> None:
+    def unload(self, model_name: str, parameters, authorization: str | None = None) -> None:
         # tritonclient always sends unload_dependents; our model has no dependents, so it changes nothing.
-        self._check(model_name, parameters, allowed=("unload_dependents",))
+        self._check(
+            "RepositoryModelUnload", model_name, parameters, authorization, allowed=("unload_dependents",)
+        )
         self._control.unload()
 
-    def _check(self, model_name: str, parameters, allowed: tuple[str, ...]) -> None:
+    def _check(
+        self, call: str, model_name: str, parameters, authorization: str | None, allowed: tuple[str, ...]
+    ) -> None:
         if self._polling:
             raise UnavailableError(POLLING_REFUSAL)
+        if not self._explicit:
+            raise PermissionDeniedError(f"{call}: {CONTROL_OFF}")
+        if self._token is not None and not bearer_matches(authorization, self._token):
+            raise UnauthenticatedError(
+                f"{call}: needs '{AUTH_METADATA_KEY}: Bearer <token>' with the server's --admin-token"
+            )
         if model_name != self._core.model_name:
             raise ModelNotFoundError(
                 f"model_name: {model_name!r} is not in the repository (it holds {self._core.model_name!r})"

@@ -47,9 +47,15 @@ def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] |
             logger.warning(
                 "worker %d could not be pinned to CPUs %s (%s); the kernel places it", index, cpus, error
             )
+    from recserve.errors import RecServeError
     from recserve.server.app import run_server
 
-    raise SystemExit(run_server(cfg))
+    try:
+        code = run_server(cfg)
+    except RecServeError as error:  # the parent stops the other workers; one line says why
+        logger.error("worker %d cannot serve: %s", index, error)
+        code = 2
+    raise SystemExit(code)
 
 
 def serve(cfg: ServeConfig) -> int:
@@ -66,12 +72,24 @@ def _serve_workers(cfg: ServeConfig) -> int:
 
     from recserve.server.app import worker_config
     from recserve.server.metrics import prepare_multiprocess_dir, start_metrics_http_server
+    from recserve.server.ports import bind_with, check_bindable
 
+    # The workers share these ports (SO_REUSEPORT): one that another program holds is named here, once.
+    for flag, host, port in _shared_ports(cfg):
+        check_bindable(flag, host, port, reuse_port=True)
     with (
         tempfile.TemporaryDirectory(prefix="recserve-metrics-") as metrics_dir,
         tempfile.TemporaryDirectory(prefix="recserve-control-") as control_dir,
     ):
         prepare_multiprocess_dir(Path(metrics_dir))  # inherited by the spawned workers' environment
+        http = None
+        if cfg.metrics_port is not None:  # before any worker starts, so that a taken port stops nothing
+            http = bind_with(
+                "--metrics-port",
+                cfg.metrics_host,
+                cfg.metrics_port,
+                lambda: start_metrics_http_server(cfg.metrics_port, cfg.metrics_host, None),
+            )
         ctx = multiprocessing.get_context("spawn")
         level = logging.getLogger("recserve").getEffectiveLevel()
         groups = _pinned_cpus(cfg)
@@ -90,9 +108,6 @@ def _serve_workers(cfg: ServeConfig) -> int:
         ]
         for p in procs:
             p.start()
-        http = None
-        if cfg.metrics_port is not None:
-            http = start_metrics_http_server(cfg.metrics_port, cfg.metrics_host, None)
         stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -114,6 +129,15 @@ def _serve_workers(cfg: ServeConfig) -> int:
     codes = [p.exitcode for p in procs]
     logger.info("workers exited with %s", codes)
     return 0 if stop.is_set() and all(c == 0 for c in codes) else 1
+
+
+def _shared_ports(cfg: ServeConfig) -> list[tuple[str, str, int]]:
+    ports = [("--port", cfg.host, cfg.port)]
+    if cfg.http_port is not None:
+        ports.append(("--http-port", cfg.host, cfg.http_port))
+    if cfg.admin_port is not None:
+        ports.append(("--admin-port", cfg.admin_host, cfg.admin_port))
+    return ports
 
 
 def _pinned_cpus(cfg: ServeConfig) -> list[list[int]] | None:

@@ -56,9 +56,17 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from rectrain.checkpoint.verify import layout_problems
+
     step_dir = resolve_step_dir(args.dir, args.step)
-    print(format_info(read_manifest(step_dir), str(step_dir)))
-    return 0
+    manifest = read_manifest(step_dir)
+    print(format_info(manifest, str(step_dir)))
+    problems = layout_problems(manifest)  # overlapping or missing shards: nothing could load it
+    for problem in problems:
+        print(f"LAYOUT PROBLEM {problem}")
+    if problems:
+        print(f"{step_dir}: {len(problems)} layout problem(s); resume, eval and export refuse it")
+    return 1 if problems else 0
 
 
 def _verify(args: argparse.Namespace) -> int:

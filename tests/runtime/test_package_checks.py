@@ -128,3 +128,41 @@ def test_shard_tensor_that_does_not_fit_its_placement_is_named(copy, replace, me
     save_file(tensors, path)
     with pytest.raises(PackageError, match=rf"embeddings_{index}\.safetensors: t0\[0:300\]: " + message):
         Predictor.load(copy, verify=False)  # with verify, the checksum refuses it first
+
+
+def _set_files(copy, files) -> None:
+    path = copy / "manifest.json"
+    data = json.loads(path.read_text())
+    data["files"] = files
+    path.write_text(json.dumps(data))
+
+
+def test_a_manifest_without_files_is_refused_not_trusted(copy):
+    # The reported attack: altered table bytes beside an empty 'files' map loaded and changed scores.
+    (copy / "embeddings_0.safetensors").write_bytes(
+        b"\0" * 64 + (copy / "embeddings_0.safetensors").read_bytes()[64:]
+    )
+    _set_files(copy, {})
+    with pytest.raises(PackageError, match="'files' lists no file"):
+        Predictor.load(copy)
+
+
+def test_an_unlisted_file_or_folder_is_refused(copy):
+    (copy / "extra.safetensors").write_bytes(b"x")
+    with pytest.raises(PackageError, match=r"extra.safetensors: not listed in manifest.json"):
+        Predictor.load(copy)
+    (copy / "extra.safetensors").unlink()
+    (copy / "sub").mkdir()
+    with pytest.raises(PackageError, match=r"sub: not listed in manifest.json"):
+        Predictor.load(copy)
+
+
+def test_a_listed_file_that_is_missing_or_outside_the_package_is_refused(copy):
+    data = json.loads((copy / "manifest.json").read_text())
+    files = dict(data["files"])
+    (copy / "embeddings_1.safetensors").unlink()
+    with pytest.raises(PackageError, match=r"embeddings_1.safetensors: missing \(listed in manifest.json\)"):
+        Predictor.load(copy)
+    _set_files(copy, {**files, "../escape": files["dense.safetensors"]})
+    with pytest.raises(PackageError, match=r"files\['../escape'\]: not a file name inside the package"):
+        Predictor.load(copy)

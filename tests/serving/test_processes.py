@@ -127,7 +127,9 @@ def test_model_calls_and_statistics_reach_every_worker_whichever_one_gets_the_ca
     proc = start_serve(
         "--package", str(repo / "1"), "--port", str(port), "--metrics-port", str(metrics_port),
         "--workers", "2", "--admin-port", str(admin_port), "--http-port", str(http_port),
+        "--model-control", "explicit", "--admin-token", "s3cret",
     )  # fmt: skip
+    auth = (("authorization", "Bearer s3cret"),)
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(8)]  # spread over the workers
     stubs = [oip_pb2_grpc.GRPCInferenceServiceStub(c) for c in channels]
     request = infer_request(*random_batch(2, seed=3), raw=True)
@@ -154,19 +156,22 @@ def test_model_calls_and_statistics_reach_every_worker_whichever_one_gets_the_ca
             time.sleep(0.2)
         assert versions_answered() == {"1"}
         copy_package(packages["2"], repo / "2")
-        assert AdminClient(f"127.0.0.1:{admin_port}").reload("2", timeout=120) == ("tiny", "2", True)
+        admin = AdminClient(f"127.0.0.1:{admin_port}", token="s3cret")
+        assert admin.reload("2", timeout=120) == ("tiny", "2", True)
         assert served() == {"1": 0, "2": 1}  # both workers swapped before the call returned
         assert versions_answered() == {"2"}
 
-        stubs[0].RepositoryModelUnload(oip_pb2.RepositoryModelUnloadRequest(model_name="tiny"), timeout=120)
+        unload = oip_pb2.RepositoryModelUnloadRequest(model_name="tiny")
+        stubs[0].RepositoryModelUnload(unload, timeout=120, metadata=auth)
         assert served() == {"1": 0, "2": 0}
         assert versions_answered() == {"UNAVAILABLE"}
-        stubs[-1].RepositoryModelLoad(oip_pb2.RepositoryModelLoadRequest(model_name="tiny"), timeout=120)
+        load = oip_pb2.RepositoryModelLoadRequest(model_name="tiny")
+        stubs[-1].RepositoryModelLoad(load, timeout=120, metadata=auth)
         assert served() == {"1": 0, "2": 1}
         assert versions_answered() == {"2"}
 
         with pytest.raises(grpc.RpcError) as info:  # fails in every worker: the first one's error, named
-            AdminClient(f"127.0.0.1:{admin_port}").reload("3", timeout=120)
+            admin.reload("3", timeout=120)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         details = info.value.details()
         assert details.startswith("worker 0: ") and "still serving tiny 2" in details

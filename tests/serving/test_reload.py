@@ -106,3 +106,36 @@ def test_watch_refuses_to_start_on_a_mismatched_newest_version(packages, tmp_pat
         running_server(None, watch=watch),
     ):
         pass
+
+
+def test_a_version_folder_must_say_its_version_exactly(packages, tmp_path):
+    watch = tmp_path / "models"
+    shutil.copytree(packages["1"], watch / "01")  # "01" is not "1"
+    with (
+        pytest.raises(PackageError, match=r"folder says version 01 but .* says version '1'"),
+        running_server(None, watch=watch),
+    ):
+        pass
+
+
+def test_a_linked_version_folder_must_stay_in_the_watch_dir_and_say_its_version(packages, tmp_path, caplog):
+    watch = tmp_path / "models"
+    shutil.copytree(packages["2"], watch / "2")
+    outside = shutil.copytree(packages["1"], tmp_path / "elsewhere" / "9")
+    with running_server(None, watch=watch, watch_interval_s=0.05) as server:
+        client = PredictorClient(target(server))
+        with caplog.at_level(logging.ERROR, logger="recserve"):
+            (watch / "9").symlink_to(outside, target_is_directory=True)  # manifest: version 1, outside
+            assert _wait_for_text(caplog, "outside the watch dir")
+            (watch / "9").unlink()
+            (watch / "8").symlink_to(watch / "2", target_is_directory=True)  # inside, but says version 2
+            assert _wait_for_text(caplog, "the folder says version 8 but its manifest.json says version '2'")
+        assert client.predict_response(*random_batch(2)).model_version == "2"  # never downgraded
+        assert scrape(server)["recserve_model_reloads_total"][(("result", "failure"),)] == 2
+
+
+def _wait_for_text(caplog, text: str, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while text not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return text in caplog.text

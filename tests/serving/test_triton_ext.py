@@ -87,7 +87,7 @@ def test_repository_unload_then_load_serves_the_newest_version(packages, tmp_pat
     repo = tmp_path / "tiny"
     shutil.copytree(packages["1"], repo / "1")
     dense, kjt = random_batch(2, seed=1)
-    with running_server(repo / "1", max_queue_delay_ms=1) as server:
+    with running_server(repo / "1", max_queue_delay_ms=1, model_control="explicit") as server:
         stub = _stub(server)
         index = stub.RepositoryIndex(oip_pb2.RepositoryIndexRequest()).models
         assert [(m.name, m.version, m.state) for m in index] == [("tiny", "1", "READY")]

@@ -42,7 +42,10 @@ def repo(packages, tmp_path):
 
 
 def test_tritonclient_drives_every_call(repo, packages):
-    with running_server(repo / "1", max_queue_delay_ms=1) as server:
+    token = {"authorization": "Bearer s3cret"}
+    with running_server(
+        repo / "1", max_queue_delay_ms=1, model_control="explicit", admin_token="s3cret"
+    ) as server:
         client = grpcclient.InferenceServerClient(target(server))
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny")
         assert "statistics" in client.get_server_metadata().extensions
@@ -66,19 +69,23 @@ def test_tritonclient_drives_every_call(repo, packages):
 
         index = client.get_model_repository_index().models
         assert [(m.name, m.version, m.state) for m in index] == [("tiny", "1", "READY")]
-        client.unload_model("tiny")
+        with pytest.raises(InferenceServerException) as info:
+            client.unload_model("tiny")  # without the admin token
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert client.is_model_ready("tiny")
+        client.unload_model("tiny", headers=token)
         assert not client.is_model_ready("tiny")
         with pytest.raises(InferenceServerException) as info:
             client.infer("tiny", triton_inputs(dense, kjt))
         assert info.value.status() == "StatusCode.UNAVAILABLE"
         shutil.copytree(packages["2"], repo / "2")
-        client.load_model("tiny")
+        client.load_model("tiny", headers=token)
         assert client.is_model_ready("tiny", "2")
         assert client.infer("tiny", triton_inputs(dense, kjt)).get_response().model_version == "2"
 
 
 def test_tritonclient_sees_not_found_and_invalid_argument(packages):
-    with running_server(packages["1"], max_queue_delay_ms=1) as server:
+    with running_server(packages["1"], max_queue_delay_ms=1, model_control="explicit") as server:
         client = grpcclient.InferenceServerClient(target(server))
         dense, kjt = random_batch(2, seed=1)
         for call in (
