@@ -213,7 +213,7 @@ class RestApi:
         return web.json_response({"model_stats": [message_json(s) for s in stats]})
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        doc = await _json_object(request) if request.can_read_body else {}
+        doc = await _json_object(request) if request.body_exists else {}
         ready_only = doc.get("ready", False)
         if not isinstance(ready_only, bool):
             raise InvalidRequestError("ready: expected true or false")
@@ -228,7 +228,7 @@ class RestApi:
         return web.Response(status=200)
 
     async def _repository_call(self, request: web.Request, call) -> None:
-        doc = await _json_object(request) if request.can_read_body else {}
+        doc = await _json_object(request) if request.body_exists else {}
         parameters = doc.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidRequestError("parameters: expected an object")

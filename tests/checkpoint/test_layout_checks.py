@@ -74,6 +74,15 @@ def test_eval_export_and_reshard_are_refused_with_verifys_message(overlapping, t
         reshard_checkpoint(root, world_size=1, out=tmp_path / "out")
 
 
+def test_ckpt_info_names_the_overlap_and_fails(overlapping, capsys):
+    from rectrain.cli import main
+
+    root, problem = overlapping
+    assert main(["ckpt", "info", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert f"LAYOUT PROBLEM {problem}" in out and "1 layout problem(s)" in out
+
+
 def test_shard_outside_its_table_is_refused_before_reading(tmp_path):
     model = common.build_model(seed=0)
     save_checkpoint(tmp_path, model=model, optimizer=common.make_optimizer(model), step=1)

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -388,3 +389,26 @@ def test_open_loop_does_not_wait_for_replies():
         server.stop(None)
     assert r.errors == {} and r.latencies_s.size >= 25  # mean 60; a closed loop of 1 would manage ~5
     assert r.percentile_ms(50) >= 300
+
+
+@pytest.mark.parametrize("taken", ["--metrics-port", "--http-port", "--admin-port", "--port"])
+def test_a_taken_port_is_one_line_naming_it_and_no_worker_keeps_running(package, taken):
+    ports = {flag: free_port() for flag in ("--port", "--metrics-port", "--http-port", "--admin-port")}
+    with socket.socket() as holder:  # another program's listening socket (no SO_REUSEPORT)
+        holder.bind(("127.0.0.1", ports[taken]))
+        holder.listen()
+        args = [a for flag, port in ports.items() for a in (flag, str(port))]
+        proc = start_serve("--package", str(package), "--workers", "2", *args)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"{taken} {ports[taken]} on 127.0.0.1: cannot bind: address already in use" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_workers_that_cannot_load_the_package_stop_cleanly_with_one_line_each(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    proc = start_serve("--package", str(tmp_path), "--workers", "2", "--port", str(free_port()))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert out.count("cannot serve: ") == 2 and "not a recserve model package manifest" in out, out
+    assert "Traceback" not in out, out
