@@ -65,6 +65,13 @@ def add_export_command(subparsers: Any) -> None:
         help="refuse when quantization costs more AUC than this (default %(default)s)",
     )
     parser.add_argument("--force", action="store_true", help="export even above --max-auc-drop")
+    parser.add_argument(
+        "--dense-bounds",
+        choices=["refuse", "clip", "off"],
+        default="refuse",
+        help="dense inputs beyond the training data's range (recorded by rectrain train, widened by each "
+        "column's span) are refused by the server (default), clipped, or not bounded",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing package at --out")
     parser.set_defaults(func=run_export)
 
@@ -130,6 +137,8 @@ def run_export(args: argparse.Namespace) -> int:
         max_auc_drop=args.max_auc_drop,
         force=args.force,
         overwrite=args.overwrite,
+        dense_range=manifest.extra.get("dense_range"),
+        dense_bounds=args.dense_bounds,
     )
     _print_summary(path)
     return 0

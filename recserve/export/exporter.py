@@ -23,6 +23,7 @@ from recserve.export.quantize import check_dim, quantize_table
 from recserve.export.torchrec_import import import_module
 from recserve.export.writer import write_package
 from recserve.runtime.assembly import build_skeleton, dense_state_keys, table_weight_key
+from recserve.runtime.dense_bounds import ACTIONS, bounds_from_range
 from recserve.runtime.layout import QuantizedTable, TableDType, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry
 from recserve.runtime.predictor import DENSE_DTYPES, metadata_for
@@ -113,6 +114,24 @@ def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool) ->
     logger.warning("%s; exporting anyway (force)", message)
 
 
+def _dense_bounds(
+    dense_range: Mapping[str, Any] | None, action: str, width: int, source: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    if action not in (*ACTIONS, "off"):
+        raise ExportError(f"dense_bounds: expected one of {[*ACTIONS, 'off']}, got {action!r}")
+    if action == "off" or dense_range is None:
+        return None
+    lows, highs = dense_range.get("min"), dense_range.get("max")
+    if not (isinstance(lows, list) and isinstance(highs, list) and len(lows) == len(highs) == width):
+        logger.warning(
+            "the recorded dense range does not fit %d dense features; the package has no bound", width
+        )
+        return None
+    step = (source or {}).get("step")
+    origin = "training data range" + (f" recorded at step {step}" if step is not None else "")
+    return bounds_from_range(dense_range, action, f"{origin}, widened by each column's span (at least 1)")
+
+
 def export_package(
     out_dir: str | Path,
     *,
@@ -131,6 +150,8 @@ def export_package(
     force: bool = False,
     capacity_bytes: Mapping[str, float] | None = None,
     overwrite: bool = False,
+    dense_range: Mapping[str, Any] | None = None,
+    dense_bounds: str = "refuse",
 ) -> Path:
     """Write a model package of the prediction module ``state_dict`` (full tensors, prediction-module names).
 
@@ -145,6 +166,9 @@ def export_package(
         accuracy_sample: held-out examples for the accuracy report (default: synthetic, from the config).
         max_auc_drop, force: refuse (AccuracyError) when the AUC drop exceeds this, unless ``force``.
         capacity_bytes: memory per device for the placement (default: 90% of a GPU, unbounded on CPU).
+        dense_range, dense_bounds: the training data's dense range (a checkpoint's ``extra["dense_range"]``)
+            and what serving does beyond it, widened: ``refuse``, ``clip`` or ``off`` (no bound). Without a
+            range the package has no bound.
     """
     if dense_dtype not in DENSE_DTYPES:
         raise ExportError(f"dense_dtype: expected one of {list(DENSE_DTYPES)}, got {dense_dtype!r}")
@@ -188,6 +212,7 @@ def export_package(
         placement=placement,
         source={**(source or {}), "recserve_version": recserve.__version__},
         accuracy=report,
+        dense_bounds=_dense_bounds(dense_range, dense_bounds, model_config.dense_in_features, source),
     )
     path = write_package(
         out_dir, manifest, split_by_placement(quantized, placement), dense_state, overwrite=overwrite

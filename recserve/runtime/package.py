@@ -70,6 +70,7 @@ class PackageManifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
+    dense_bounds: dict[str, Any] | None = None  # see recserve.runtime.dense_bounds
     format_version: int = FORMAT_VERSION
 
     def table(self, name: str) -> TableEntry:
@@ -99,6 +100,7 @@ class PackageManifest:
             "placement": self.placement.to_dict(),
             "source": self.source,
             "accuracy": self.accuracy,
+            "dense_bounds": self.dense_bounds,
             "files": self.files,
         }
 
@@ -139,6 +141,7 @@ class PackageManifest:
                 files={str(k): dict(v) for k, v in data["files"].items()},
                 source=data.get("source"),
                 accuracy=data.get("accuracy"),
+                dense_bounds=data.get("dense_bounds"),
             )
         except KeyError as error:
             raise PackageError(f"{where}: missing key {error.args[0]!r}") from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from recserve.errors import PackageError
 from recserve.runtime.assembly import build_skeleton, compile_dense_part, replace_module
+from recserve.runtime.dense_bounds import DenseBounds
 from recserve.runtime.layout import QuantizedTable
 from recserve.runtime.package import (
     DENSE_FILE,
@@ -54,6 +55,7 @@ class PackageMetadata:
     num_embeddings: dict[str, int]  # per feature: ids must lie in [0, n)
     weighted_features: list[str]
     table_dtypes: dict[str, str]
+    dense_bounds: DenseBounds | None = None  # what the server accepts of dense inputs (None: any finite)
 
 
 def metadata_for(
@@ -166,6 +168,10 @@ class Predictor:
         metadata = metadata_for(
             cfg, {t.name: t.dtype.value for t in manifest.tables}, manifest.model_name, manifest.version
         )
+        bounds = DenseBounds.parse(
+            manifest.dense_bounds, manifest.dense_in_features, str(Path(package_dir) / MANIFEST_FILE)
+        )
+        metadata = replace(metadata, dense_bounds=bounds)
         shards = load_shards(package_dir, manifest)
         try:
             predictor = cls.build(

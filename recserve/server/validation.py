@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
+from recserve.runtime.dense_bounds import DenseBounds
 from recserve.runtime.scripted import script_or_eager
 from recserve.server.arrays import FeatureArrays
 from rectrain.sparse import KeyedJaggedTensor
@@ -29,6 +30,7 @@ class ModelSchema:
     dense_in_features: int
     weighted_features: frozenset[str]
     max_batch_size: int
+    dense_bounds: DenseBounds | None = None
 
     @staticmethod
     def from_metadata(metadata, max_batch_size: int) -> ModelSchema:
@@ -42,6 +44,7 @@ class ModelSchema:
             dense_in_features=int(metadata.dense_in_features),
             weighted_features=frozenset(metadata.weighted_features),
             max_batch_size=max_batch_size,
+            dense_bounds=getattr(metadata, "dense_bounds", None),
         )
 
 
@@ -88,6 +91,8 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
                 order, lengths.view(num_keys, b), values, weights, per_key
             )
         _check_ids(values, per_key, schema)
+    if schema.dense_bounds is not None:
+        dense = schema.dense_bounds.apply(dense)
     kjt = KeyedJaggedTensor(
         keys=schema.feature_names,
         values=values,

@@ -19,6 +19,8 @@ from rectrain.distributed import ShardingEnv
 from rectrain.errors import ConfigError
 from rectrain.train.build import TrainingModel
 from rectrain.train.config import RunConfig
+from rectrain.train.dense_range import KEY as DENSE_RANGE
+from rectrain.train.dense_range import DenseRange
 
 if TYPE_CHECKING:
     from rectrain.checkpoint import CheckpointInfo
@@ -67,9 +69,14 @@ def prepare_directory(config: RunConfig, env: ShardingEnv | None) -> None:
 
 
 def resume(
-    config: RunConfig, training: TrainingModel, env: ShardingEnv | None, initial: DataPosition
+    config: RunConfig,
+    training: TrainingModel,
+    env: ShardingEnv | None,
+    initial: DataPosition,
+    dense_range: DenseRange | None = None,
 ) -> Position:
-    """Load the latest checkpoint of ``checkpoint.dir`` when resuming is on and one exists; else the start."""
+    """Load the latest checkpoint of ``checkpoint.dir`` when resuming is on and one exists; else the start.
+    ``dense_range`` takes the range of dense features the checkpoint records."""
     directory = config.checkpoint.dir
     if not directory or not config.checkpoint.resume or not has_checkpoint(directory):
         return Position(data=initial)
@@ -77,6 +84,8 @@ def resume(
 
     info = load_checkpoint(directory, model=training.model, optimizer=training.optimizer, env=env)
     extra = info.extra or {}
+    if dense_range is not None:
+        dense_range.restore(extra.get(DENSE_RANGE))
     step = int(extra.get("step", info.step))
     world_size = 1 if env is None else env.world_size
     data = _data_position(info, step, world_size, initial, config.source)
@@ -129,9 +138,14 @@ def _data_position(
 
 
 def save(
-    config: RunConfig, training: TrainingModel, env: ShardingEnv | None, position: Position
+    config: RunConfig,
+    training: TrainingModel,
+    env: ShardingEnv | None,
+    position: Position,
+    dense_range: dict | None = None,
 ) -> Path | None:
-    """Write a checkpoint of ``position`` to ``checkpoint.dir`` (collective); None when no dir is set."""
+    """Write a checkpoint of ``position`` to ``checkpoint.dir`` (collective); None when no dir is set.
+    ``dense_range`` (``DenseRange.gathered``) is recorded for export's serving bound."""
     directory = config.checkpoint.dir
     if not directory:
         return None
@@ -143,7 +157,11 @@ def save(
         optimizer=training.optimizer,
         step=position.step,
         model_config=config.model,
-        extra={"step": position.step, "examples": position.examples},
+        extra={
+            "step": position.step,
+            "examples": position.examples,
+            **({DENSE_RANGE: dense_range} if dense_range else {}),
+        },
         env=env,
         keep_last=config.checkpoint.keep_last,
         data_position=position.data.to_dict(),

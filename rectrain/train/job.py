@@ -27,6 +27,7 @@ from rectrain.train.build import TrainingModel, build_training
 from rectrain.train.checkpointing import Position
 from rectrain.train.config import RunConfig
 from rectrain.train.data import RunData
+from rectrain.train.dense_range import DenseRange
 from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
@@ -78,6 +79,7 @@ class TrainJob:
         self.lr = ScheduledLR(self.training.optimizer, config.lr_schedule())
         self.data = RunData(config, self.rank, self.world_size)
         self.agreement = RankAgreement(env)
+        self.dense_range = DenseRange()
         self.progress_bar = progress_bar
         self._saved_step: int | None = None
 
@@ -87,7 +89,7 @@ class TrainJob:
         return evaluate(t.prediction_model, self.data.eval_batches(), t.device, self.agreement, recall_k=k)
 
     def _batches(self, position: Position, stop: StopSignal) -> AgreedBatches:
-        stream = self.data.train_batches(position.data)
+        stream = self.dense_range.observe(self.data.train_batches(position.data))
         steps = self.config.train.steps
         if steps is not None:  # exactly the batches left, so the pipeline never loads one past the end
             stream = itertools.islice(stream, max(0, steps - position.step))
@@ -107,7 +109,7 @@ class TrainJob:
     def run(self) -> TrainSummary:
         cfg, t = self.config, self.training
         self._preflight()
-        position = checkpointing.resume(cfg, t, self.env, self.data.initial_position())
+        position = checkpointing.resume(cfg, t, self.env, self.data.initial_position(), self.dense_range)
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
             start_step=position.step,
@@ -212,7 +214,8 @@ class TrainJob:
         evaluation that would tell the guard otherwise."""
         if position.step == self._saved_step:
             return None
-        path = checkpointing.save(self.config, self.training, self.env, position)
+        dense_range = self.dense_range.gathered(self.env, self.training.device)
+        path = checkpointing.save(self.config, self.training, self.env, position, dense_range)
         self._saved_step = position.step
         if path is not None:
             if good:
