@@ -1,10 +1,16 @@
-"""Coverage-guided fuzzing (atheris / libFuzzer) of the server's request path, minus gRPC and batching.
+"""Coverage-guided fuzzing (atheris / libFuzzer) of the server's request path, minus the transports.
 
-Each input is one selector byte (recserve.v1 PredictRequest or OIP ModelInferRequest) and the message bytes.
-They go where a request's bytes go in the server: our deserialiser (``handlers``), the decoder (``codec``
-or ``oip``), ``check_request``, and then, when the checks pass, ``Predictor.predict(checked=True)`` on a small
-real int8 package (the FBGEMM kernels the crash of issue 17 was in). Only ``InvalidRequestError`` may leave
-our code; any other exception, or a crash in a kernel, stops the run and libFuzzer saves the input under
+Each input is one selector byte and a request's bytes, which go where they go in the server:
+- recserve.v1 ``PredictRequest`` / OIP ``ModelInferRequest`` bytes: our deserialiser (``handlers``), the
+  decoder (``codec`` or ``oip``), ``check_request``;
+- a REST infer body (JSON, or JSON + binary tensors when the selector's high bit says so): ``rest_codec``,
+  then the OIP decoder and ``check_request``;
+- Triton's repository load / unload (OIP bytes, or a REST JSON body): the control plane, which on the data
+  port (``--model-control none``, the default) must refuse every one of them, whatever it says.
+A request that passes the checks is scored as the server scores a batch (``ModelRunner``, the FBGEMM kernels
+the crash of issue 17 was in, and the refusal of scores that are not finite). Only the refusals the server
+maps to a client error (``InvalidRequestError``; ``PermissionDeniedError`` for control calls) may leave our
+code; any other exception, or a crash in a kernel, stops the run and libFuzzer saves the input under
 --artifacts.
 
     python scripts/fuzz_server.py --seconds 600          # a longer run (CI runs 20 s: tests/serving)
@@ -14,6 +20,7 @@ our code; any other exception, or a crash in a kernel, stops the run and libFuzz
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import tempfile
@@ -28,12 +35,19 @@ import torch
 from google.protobuf.descriptor import FieldDescriptor
 
 with atheris.instrument_imports(include=["recserve.server"]):
-    from recserve.errors import InvalidRequestError
+    from recserve.errors import InvalidRequestError, PermissionDeniedError
+    from recserve.server.batcher import BatcherConfig
     from recserve.server.codec import decode_predict_request, encode_predict_request
+    from recserve.server.core import InferenceCore
     from recserve.server.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
+    from recserve.server.metrics import ServerMetrics
     from recserve.server.oip import decode_infer_request
     from recserve.server.protos import oip_pb2, pb2
-    from recserve.server.validation import ModelSchema, check_request
+    from recserve.server.reload import Reloader
+    from recserve.server.rest_codec import infer_request, split_body
+    from recserve.server.runner import ModelRunner
+    from recserve.server.triton_ext import Repository
+    from recserve.server.validation import check_request
 
 from recserve.export import export_package  # noqa: E402
 from recserve.runtime import Predictor  # noqa: E402
@@ -45,10 +59,12 @@ from rectrain.sparse import KeyedJaggedTensor  # noqa: E402
 FEATURES = ["f0", "f1", "f2", "f3"]
 ROWS = [10, 20, 30, 40]
 DENSE = 3
-PREDICT, INFER = 0, 1
+PREDICT, INFER, REST_INFER, CONTROL, REST_CONTROL = range(5)
+KINDS = 5
+BINARY = 0x80  # with REST_INFER: the body carries binary tensors after its JSON
 
 
-def build_predictor(out: Path) -> Predictor:
+def build_package(out: Path) -> Path:
     tables = [
         EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=8, feature_names=[f])
         for i, (f, n) in enumerate(zip(FEATURES, ROWS))
@@ -58,8 +74,7 @@ def build_predictor(out: Path) -> Predictor:
         over_arch_layer_sizes=[8, 1],
     )  # fmt: skip
     torch.manual_seed(0)
-    export_package(out, model_config=cfg, state_dict=build_model(cfg).state_dict(), model_name="fuzz")
-    return Predictor.load(out)
+    return export_package(out, model_config=cfg, state_dict=build_model(cfg).state_dict(), model_name="fuzz")
 
 
 def seed_corpus(corpus: Path) -> None:
@@ -76,6 +91,32 @@ def seed_corpus(corpus: Path) -> None:
             (corpus / f"predict-b{b}-{raw}").write_bytes(bytes([PREDICT]) + msg)
             msg = _infer_request(dense, kjt, raw).SerializeToString()
             (corpus / f"infer-b{b}-{raw}").write_bytes(bytes([INFER]) + msg)
+        (corpus / f"rest-b{b}").write_bytes(bytes([REST_INFER]) + _rest_body(dense, kjt, binary=False))
+        (corpus / f"rest-bin-b{b}").write_bytes(bytes([REST_INFER | BINARY]) + _rest_body(dense, kjt, True))
+    for index, msg in enumerate(
+        (oip_pb2.RepositoryModelLoadRequest(model_name="fuzz"), oip_pb2.RepositoryModelUnloadRequest())
+    ):
+        (corpus / f"control-{index}").write_bytes(bytes([CONTROL + KINDS * index]) + msg.SerializeToString())
+    body = json.dumps({"parameters": {"unload_dependents": True}}).encode()
+    (corpus / "rest-control").write_bytes(bytes([REST_CONTROL]) + body)
+
+
+def _rest_body(dense: torch.Tensor, kjt: KeyedJaggedTensor, binary: bool) -> bytes:
+    """A REST infer body; with ``binary`` its first 4 bytes are the JSON length, the tensors follow it."""
+    arrays = [("dense", "FP32", list(dense.shape), dense.numpy().astype("<f4"))]
+    for k in FEATURES:
+        jt = kjt[k]
+        arrays.append((f"{k}.lengths", "INT64", [jt.lengths().numel()], jt.lengths().numpy().astype("<i8")))
+        arrays.append((f"{k}.values", "INT64", [jt.values().numel()], jt.values().numpy().astype("<i8")))
+    if not binary:
+        inputs = [{"name": n, "datatype": d, "shape": s, "data": a.tolist()} for n, d, s, a in arrays]
+        return json.dumps({"id": "f", "inputs": inputs}).encode()
+    inputs = [
+        {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": a.nbytes}}
+        for n, d, s, a in arrays
+    ]
+    head = json.dumps({"inputs": inputs}).encode()
+    return len(head).to_bytes(4, "little") + head + b"".join(a.tobytes() for *_, a in arrays)
 
 
 def _infer_request(dense: torch.Tensor, kjt: KeyedJaggedTensor, raw: bool) -> oip_pb2.ModelInferRequest:
@@ -131,7 +172,9 @@ def _wrap(value: int, bits: int, signed: bool) -> int:
 def mutate_structure(data: bytes, rng: random.Random) -> bytes | None:
     """Parses ``data`` and sets one integer (a field, or one little-endian word of a raw bytes field) to an
     interesting value: byte-level mutation alone rarely keeps a message parseable and its sizes consistent."""
-    kind = data[0] % 2 if data else PREDICT
+    kind = data[0] % KINDS if data else PREDICT
+    if kind not in (PREDICT, INFER):
+        return None  # JSON bodies and control calls: libFuzzer's byte mutations
     cls = pb2.PredictRequest if kind == PREDICT else oip_pb2.ModelInferRequest
     try:
         msg = cls.FromString(data[1:])
@@ -185,36 +228,83 @@ class _NoServicer:
 class Target:
     """One fuzz input through the server's request path."""
 
-    def __init__(self, predictor: Predictor) -> None:
-        self.predictor = predictor
-        self.schema = ModelSchema.from_metadata(predictor.metadata, max_batch_size=64)
+    def __init__(self, package: Path) -> None:
+        self.runner = ModelRunner(
+            Predictor.load(package), BatcherConfig(max_batch_size=64), package_dir=package
+        )
+        self.schema = self.runner.schema
+        core = InferenceCore(self.runner)
+        reloader = Reloader(core, lambda _: self.runner, ServerMetrics())
+        # The data port's repository as `recserve serve` builds it by default (--model-control none).
+        self.repository = Repository(core, reloader, package.parent, polling=False)
         log = DecodeFailureLog(interval_s=3600.0)
-        self.parse = [
-            method_handlers(pb2, "Predictor", _NoServicer(), log)["Predict"].request_deserializer,
-            method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)[
+        self.parse = {
+            PREDICT: method_handlers(pb2, "Predictor", _NoServicer(), log)["Predict"].request_deserializer,
+            INFER: method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)[
                 "ModelInfer"
             ].request_deserializer,
+        }
+        control = method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)
+        self.control = [
+            (control["RepositoryModelLoad"].request_deserializer, self.repository.load),
+            (control["RepositoryModelUnload"].request_deserializer, self.repository.unload),
         ]
 
     def __call__(self, data: bytes) -> None:
         if not data:
             return
-        kind = data[0] % 2
-        request = self.parse[kind](data[1:])
-        if isinstance(request, UndecodableRequest):
-            return  # the server answers INVALID_ARGUMENT (tests/serving/test_input_hardening.py)
+        kind, payload = data[0] % KINDS, data[1:]
+        if kind in (CONTROL, REST_CONTROL):
+            self._control(kind, data[0] // KINDS % 2, payload)
+            return
         try:
-            arrays = (
-                decode_predict_request(request)
-                if kind == PREDICT
-                else decode_infer_request(request, self.schema)
-            )
+            arrays = self._decode(kind, data[0] & BINARY, payload)
+            if arrays is None:
+                return
             checked = check_request(arrays, self.schema)
         except InvalidRequestError:
             return
-        scores = self.predictor.predict(checked.dense, checked.kjt, checked=True)
+        (scores,) = self.runner._predict_batch([checked], record=False)
+        if isinstance(scores, InvalidRequestError):
+            return  # not finite: the server refuses the request (recserve_nonfinite_scores_total)
         if scores.shape != (checked.batch_size,) or not bool(torch.isfinite(scores).all()):
             raise AssertionError(f"scores {scores} for a checked batch of {checked.batch_size}")
+
+    def _decode(self, kind: int, binary: int, payload: bytes):
+        if kind == REST_INFER:
+            header = None
+            if binary:
+                header, payload = str(int.from_bytes(payload[:4], "little")), payload[4:]
+            doc, tail = split_body(payload, header)
+            return decode_infer_request(infer_request(doc, tail, "fuzz", ""), self.schema)
+        request = self.parse[kind](payload)
+        if isinstance(request, UndecodableRequest):
+            return None  # the server answers INVALID_ARGUMENT (tests/serving/test_input_hardening.py)
+        return (
+            decode_predict_request(request) if kind == PREDICT else decode_infer_request(request, self.schema)
+        )
+
+    def _control(self, kind: int, which: int, payload: bytes) -> None:
+        """A load or unload on the data port: refused, whatever it asks; only a malformed REST body may be
+        refused first (400), as the REST handler parses it before the call."""
+        parse, call = self.control[which]
+        if kind == REST_CONTROL:
+            try:
+                doc = json.loads(payload)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                return
+            parameters = doc.get("parameters", {}) if isinstance(doc, dict) else None
+            name, authorization = "fuzz", None
+        else:
+            request = parse(payload)
+            if isinstance(request, UndecodableRequest):
+                return
+            parameters, name, authorization = request.parameters, request.model_name, "Bearer x"
+        try:
+            call(name, parameters, authorization)
+        except PermissionDeniedError:
+            return
+        raise AssertionError("a repository call on the data port was not refused")
 
 
 def main(argv: list[str]) -> None:
@@ -233,7 +323,7 @@ def main(argv: list[str]) -> None:
     seed_corpus(corpus)
     artifacts = args.artifacts or work / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
-    target = Target(build_predictor(work / "package"))
+    target = Target(build_package(work / "models" / "1"))
     np.seterr(all="ignore")
     libfuzzer = [
         f"-max_total_time={args.seconds}",

@@ -93,12 +93,14 @@ def _input(i: int, tensor, binary: bytes, offset: int, req) -> tuple[bytes, int]
     name = tensor["name"]
     where = f"inputs[{name!r}]"
     datatype, shape = tensor.get("datatype"), tensor.get("shape")
-    if datatype not in _JSON_TYPES:
+    if not isinstance(datatype, str) or datatype not in _JSON_TYPES:
         raise InvalidRequestError(
-            f"{where}.datatype: expected one of {sorted(_JSON_TYPES)}, got {datatype!r}"
+            f"{where}.datatype: expected one of {sorted(_JSON_TYPES)}, got {repr(datatype)[:80]}"
         )
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InvalidRequestError(f"{where}.shape: expected a list of non-negative integers, got {shape!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**63 for d in shape):
+        raise InvalidRequestError(
+            f"{where}.shape: expected a list of int64 dimensions >= 0, got {repr(shape)[:80]}"
+        )
     t = req.inputs.add(name=name, datatype=datatype, shape=shape)
     _set_parameters(f"{where}.parameters", t.parameters, tensor.get("parameters", {}))
     le, kinds, lo, hi = _JSON_TYPES[datatype]

@@ -127,6 +127,12 @@ def _mutations():
     def int_overflow(doc):
         doc["inputs"][1]["data"] = [2**40] * len(doc["inputs"][1]["data"])
 
+    def datatype_list(doc):  # found by scripts/fuzz_server.py: was a TypeError (500)
+        doc["inputs"][0]["datatype"] = ["FP32"]
+
+    def shape_beyond_int64(doc):  # found by scripts/fuzz_server.py: was a protobuf ValueError (500)
+        doc["inputs"][0]["shape"] = [2, 10**30]
+
     return [
         ("drop_data", drop_data, "inputs['dense']: give 'data'"),
         ("count", count, "inputs['f0.values'].data"),
@@ -136,6 +142,8 @@ def _mutations():
         ("bad_shape", bad_shape, "inputs['dense'].shape"),
         ("no_inputs", no_inputs, "inputs: expected a non-empty list"),
         ("int_overflow", int_overflow, "inputs['f0.lengths'].data: a value outside"),
+        ("datatype_list", datatype_list, "inputs['dense'].datatype: expected one of"),
+        ("shape_beyond_int64", shape_beyond_int64, "inputs['dense'].shape: expected a list of int64"),
     ]
 
 
