@@ -69,8 +69,8 @@ def add_export_command(subparsers: Any) -> None:
         "--dense-bounds",
         choices=["refuse", "clip", "off"],
         default="refuse",
-        help="dense inputs beyond the training data's range (recorded by rectrain train, widened by each "
-        "column's span) are refused by the server (default), clipped, or not bounded",
+        help="dense inputs far beyond the training data's range (recorded by rectrain train, widened by 10x "
+        "each column's scale) are refused by the server (default), clipped, or not bounded",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing package at --out")
     parser.set_defaults(func=run_export)

@@ -23,7 +23,7 @@ from recserve.export.quantize import check_dim, quantize_table
 from recserve.export.torchrec_import import import_module
 from recserve.export.writer import write_package
 from recserve.runtime.assembly import build_skeleton, dense_state_keys, table_weight_key
-from recserve.runtime.dense_bounds import ACTIONS, bounds_from_range
+from recserve.runtime.dense_bounds import ACTIONS, WIDEN, bounds_from_range
 from recserve.runtime.layout import QuantizedTable, TableDType, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry
 from recserve.runtime.predictor import DENSE_DTYPES, metadata_for
@@ -129,7 +129,8 @@ def _dense_bounds(
         return None
     step = (source or {}).get("step")
     origin = "training data range" + (f" recorded at step {step}" if step is not None else "")
-    return bounds_from_range(dense_range, action, f"{origin}, widened by each column's span (at least 1)")
+    widened = f"widened by {WIDEN:g}x each column's span, largest magnitude or 1"
+    return bounds_from_range(dense_range, action, f"{origin}, {widened}")
 
 
 def export_package(

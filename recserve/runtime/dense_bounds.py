@@ -2,8 +2,9 @@
 
 A model has only seen dense values inside its training data's range; a client's +-3.4e38 (finite, so
 accepted as a number) can overflow its layers to NaN. Training records each column's range
-(``rectrain.train.dense_range``); export writes it into the manifest, widened on each side by the column's
-span (at least 1), with the action the exporter chose:
+(``rectrain.train.dense_range``); export writes it into the manifest, widened on each side by ten times the
+column's scale (its span, its largest magnitude or 1, whichever is largest: serving traffic drifts, and test
+clients send standard-normal values to models trained on [0, 1]), with the action the exporter chose:
 
     "dense_bounds": {"min": [..], "max": [..], "action": "refuse" | "clip", "source": "..."}
 
@@ -23,6 +24,7 @@ from torch import Tensor
 from recserve.errors import InvalidRequestError, PackageError
 
 ACTIONS = ("refuse", "clip")
+WIDEN = 10.0
 
 
 def bounds_from_range(dense_range: dict[str, Any], action: str, source: str = "") -> dict[str, Any]:
@@ -35,9 +37,10 @@ def bounds_from_range(dense_range: dict[str, Any], action: str, source: str = ""
             low.append(None)
             high.append(None)
             continue
-        margin = max(float(hi) - float(lo), 1.0)
-        low.append(float(lo) - margin)
-        high.append(float(hi) + margin)
+        lo, hi = float(lo), float(hi)
+        margin = WIDEN * max(hi - lo, abs(lo), abs(hi), 1.0)
+        low.append(lo - margin)
+        high.append(hi + margin)
     return {"min": low, "max": high, "action": action, "source": source}
 
 

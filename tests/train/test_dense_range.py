@@ -46,23 +46,24 @@ def test_the_range_is_gathered_over_every_rank():
 
 
 def test_bounds_widen_the_range_and_refuse_or_clip_beyond_it():
-    bounds = bounds_from_range({"min": [0.0, 5.0, None], "max": [10.0, 5.0, None]}, "refuse")
-    assert bounds["min"] == [-10.0, 4.0, None] and bounds["max"] == [20.0, 6.0, None]
-    refuse = DenseBounds.parse(bounds, 3, "m.json")
-    inside = torch.tensor([[19.0, 4.5, 1e30]])
+    # Widened by 10x the column's scale: its span (10), its largest magnitude (5), or 1 (a column in [0, 0]).
+    bounds = bounds_from_range({"min": [0.0, 5.0, 0.0, None], "max": [10.0, 5.0, 0.0, None]}, "refuse")
+    assert bounds["min"] == [-100.0, -45.0, -10.0, None] and bounds["max"] == [110.0, 55.0, 10.0, None]
+    refuse = DenseBounds.parse(bounds, 4, "m.json")
+    inside = torch.tensor([[109.0, -44.5, 9.0, 1e30]])
     assert torch.equal(refuse.apply(inside), inside)
-    with pytest.raises(InvalidRequestError, match=r"dense\[1\]\[1\]: 7 is outside \[4, 6\]"):
-        refuse.apply(torch.tensor([[0.0, 5.0, 0.0], [0.0, 7.0, 0.0]]))
-    clip = DenseBounds.parse({**bounds, "action": "clip"}, 3, "m.json")
-    assert clip.apply(torch.tensor([[-50.0, 7.0, -1e9]])).tolist() == [[-10.0, 6.0, -1e9]]
+    with pytest.raises(InvalidRequestError, match=r"dense\[1\]\[1\]: 70 is outside \[-45, 55\]"):
+        refuse.apply(torch.tensor([[0.0, 5.0, 0.0, 0.0], [0.0, 70.0, 0.0, 0.0]]))
+    clip = DenseBounds.parse({**bounds, "action": "clip"}, 4, "m.json")
+    assert clip.apply(torch.tensor([[-500.0, 70.0, 3.0, -1e9]])).tolist() == [[-100.0, 55.0, 3.0, -1e9]]
     for broken, field in (
         ({**bounds, "action": "wrap"}, "'action'"),
         ({**bounds, "min": [0.0]}, "dense_bounds.min"),
-        ({**bounds, "max": [1.0, "x", None]}, "dense_bounds.max"),
-        ({**bounds, "min": [30.0, 4.0, None]}, "min is above its max"),
+        ({**bounds, "max": [1.0, "x", 1.0, None]}, "dense_bounds.max"),
+        ({**bounds, "min": [300.0, 4.0, 0.0, None]}, "min is above its max"),
     ):
         with pytest.raises(PackageError, match=field):
-            DenseBounds.parse(broken, 3, "m.json")
+            DenseBounds.parse(broken, 4, "m.json")
 
 
 @pytest.mark.slow
