@@ -108,11 +108,14 @@ def test_watch_refuses_to_start_on_a_mismatched_newest_version(packages, tmp_pat
         pass
 
 
-def test_a_version_folder_must_say_its_version_exactly(packages, tmp_path):
+@pytest.mark.parametrize("folder, recorded", [("01", "1"), ("4", "04")])
+def test_a_version_folder_must_say_its_version_exactly(packages, tmp_path, folder, recorded):
     watch = tmp_path / "models"
-    shutil.copytree(packages["1"], watch / "01")  # "01" is not "1"
+    package = shutil.copytree(packages["1"], watch / folder)
+    manifest = json.loads((package / "manifest.json").read_text())
+    (package / "manifest.json").write_text(json.dumps({**manifest, "version": recorded}))
     with (
-        pytest.raises(PackageError, match=r"folder says version 01 but .* says version '1'"),
+        pytest.raises(PackageError, match=rf"folder says version {folder} but .* says version '{recorded}'"),
         running_server(None, watch=watch),
     ):
         pass
