@@ -24,6 +24,7 @@ from rectrain.distributed.sharding_plan import (
     table_wise,
 )
 from rectrain.planner.types import ShardingType
+from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 
 __all__ = [
     "DistributedModelParallel",
@@ -32,6 +33,8 @@ __all__ = [
     "ShardedEmbeddingCollection",
     "ShardedTable",
     "ShardingType",
+    "TrainPipelineBase",
+    "TrainPipelineSparseDist",
     "column_wise",
     "construct_module_sharding_plan",
     "data_parallel",
