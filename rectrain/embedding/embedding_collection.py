@@ -97,13 +97,11 @@ class EmbeddingCollection(nn.Module):
         return self._device
 
     @property
-    def fused_optimizer(self) -> FusedEmbeddingOptimizer:
-        """The optimizer that updates the tables during backward (its ``step()`` is a no-op)."""
+    def fused_optimizer(self) -> FusedEmbeddingOptimizer | None:
+        """The optimizer that updates the tables during backward (its ``step()`` is a no-op); None when the
+        collection was built without ``fused_optimizer=`` (its tables are the model optimizer's)."""
         if self.fused_optimizer_config is None:
-            raise ConfigError(
-                "this EmbeddingCollection has no fused optimizer: built without fused_optimizer=, its tables "
-                "are parameters that the model's optimizer updates"
-            )
+            return None
         return self.embeddings.fused_optimizer
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
