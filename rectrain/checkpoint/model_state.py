@@ -68,7 +68,15 @@ def collections_of(model: nn.Module) -> dict[str, nn.Module]:
     """``{path: collection}``: the sharded collections of a DMP, the plain ones of any other module."""
     if isinstance(model, DistributedModelParallel):
         return model.sharded_modules()
-    return find_collections(model)
+    found = find_collections(model)
+    for path, collection in found.items():
+        if collection.fused_optimizer_config is None:
+            raise CheckpointError(
+                f"the embedding collection at {path!r} was built without fused_optimizer= (TorchRec's way: "
+                "its tables are parameters of the model's optimizer); save it with state_dict() or "
+                "torch.distributed.checkpoint, or build it with fused_optimizer= to use save_checkpoint"
+            )
+    return found
 
 
 def local_tables(model: nn.Module) -> dict[str, LocalTable]:
@@ -76,7 +84,7 @@ def local_tables(model: nn.Module) -> dict[str, LocalTable]:
     if isinstance(model, DistributedModelParallel):
         return _sharded_tables(model)
     tables = {}
-    for path, collection in find_collections(model).items():
+    for path, collection in collections_of(model).items():
         attribute = _attribute(collection)
         kernels = getattr(collection, attribute)
         states = kernels.table_optimizer_states()

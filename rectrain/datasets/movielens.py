@@ -121,3 +121,9 @@ class MovieLensDataset(TextDataset[tuple[int, int, float]]):
         if cfg.task == "binary":
             labels = (labels >= cfg.threshold).to(torch.float32)
         return make_batch(torch.zeros(len(rows), 0), FEATURE_NAMES, values, lengths, labels)
+
+
+# TorchRec's column names of ratings.csv and movies.csv (``torchrec.datasets.movielens``).
+DEFAULT_RATINGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "rating", "timestamp"]
+DEFAULT_MOVIES_COLUMN_NAMES: list[str] = ["movieId", "title", "genres"]
+DEFAULT_COLUMN_NAMES: list[str] = DEFAULT_RATINGS_COLUMN_NAMES + DEFAULT_MOVIES_COLUMN_NAMES[1:]

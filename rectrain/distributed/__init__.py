@@ -25,6 +25,17 @@ from rectrain.distributed.sharding_plan import (
 )
 from rectrain.planner.types import ShardingType
 
+
+def __getattr__(name: str) -> object:
+    # TorchRec exports its pipelines from torchrec.distributed; ours live in rectrain.train.pipeline, which
+    # imports this package, so they are resolved on first use rather than at import.
+    if name in ("TrainPipelineBase", "TrainPipelineSparseDist"):
+        from rectrain.train import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DistributedModelParallel",
     "Pending",
@@ -32,6 +43,8 @@ __all__ = [
     "ShardedEmbeddingCollection",
     "ShardedTable",
     "ShardingType",
+    "TrainPipelineBase",
+    "TrainPipelineSparseDist",
     "column_wise",
     "construct_module_sharding_plan",
     "data_parallel",

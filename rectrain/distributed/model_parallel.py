@@ -2,10 +2,12 @@
 
 The order of work (each a plain step below):
 1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
-2. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
-3. replace each collection by its sharded form on this rank (weights copied from the collection);
-4. move the rest to the device and wrap it in DDP, telling DDP to leave the sharded tables alone (they are
-   never replicated; their updates happen inside backward).
+2. take each collection's fused optimizer as TorchRec takes it (``fused_params``), or refuse;
+3. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
+4. replace each collection by its sharded form on this rank (weights copied from the collection);
+5. move the rest to the device and wrap it in DDP, telling DDP to leave the fused tables alone (they are
+   never replicated; their updates happen inside backward). Trainable data-parallel tables (a collection
+   built TorchRec's way) are DDP's like any dense parameter.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rectrain.distributed import fused_params
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
-from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
@@ -53,19 +56,43 @@ def _tables_of(collection: nn.Module) -> list:
     return collection.embedding_configs()
 
 
+def collection_optimizers(
+    collections: dict[str, nn.Module], sharders: list | None
+) -> dict[str, FusedOptimizerConfig]:
+    """``{path: the fused optimizer of its sharded tables}``, as TorchRec takes it (``fused_params``)."""
+    optimizers = {}
+    for path, collection in collections.items():
+        attribute = "embedding_bags" if isinstance(collection, EmbeddingBagCollection) else "embeddings"
+        weights = fused_params.table_weights(_tables_of(collection), collection, attribute)
+        optimizers[path] = fused_params.resolve(
+            path, collection.fused_optimizer_config, weights, _sharder_fused_params(sharders, collection)
+        )
+    return optimizers
+
+
+def _sharder_fused_params(sharders: list | None, collection: nn.Module) -> dict[str, Any] | None:
+    """The ``fused_params`` of the first sharder for ``collection``'s type (TorchRec's sharder choice)."""
+    for sharder in sharders or []:
+        module_type = getattr(sharder, "module_type", None)
+        if isinstance(module_type, type) and isinstance(collection, module_type):
+            return getattr(sharder, "fused_params", None)
+    return None
+
+
 def plan_collections(
     collections: dict[str, nn.Module],
     env: ShardingEnv,
     device: torch.device,
     batch_size: int | None,
     sharders: list | None = None,
+    optimizers: dict[str, FusedOptimizerConfig] | None = None,
 ) -> ShardingPlan:
     """Plan every collection on rank 0 for this world and broadcast the plan to all ranks."""
     topology = Topology(
         world_size=env.world_size, compute_device=device.type, local_world_size=env.local_world_size
     )
     # The planner sizes optimizer state from one config; the largest state per row is the safe estimate.
-    optimizers = [c.fused_optimizer_config for c in collections.values()]
+    optimizers = list((optimizers or collection_optimizers(collections, sharders)).values())
     largest = max(optimizers, key=lambda config: config.state_floats_per_row(128))
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size, fused_optimizer=largest)
     tables = {path: _tables_of(c) for path, c in collections.items()}
@@ -73,14 +100,19 @@ def plan_collections(
 
 
 def _shard(
-    collection: nn.Module, path: str, plan: ShardingPlan, env: ShardingEnv, device: torch.device
+    collection: nn.Module,
+    path: str,
+    plan: ShardingPlan,
+    env: ShardingEnv,
+    device: torch.device,
+    optimizer: FusedOptimizerConfig,
 ) -> nn.Module:
     module_plan = plan.get_plan_for_module(path)
     if module_plan is None:
         raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
     if isinstance(collection, EmbeddingBagCollection):
-        return ShardedEmbeddingBagCollection(collection, module_plan, env, device)
-    return ShardedEmbeddingCollection(collection, module_plan, env, device)
+        return ShardedEmbeddingBagCollection(collection, module_plan, env, device, optimizer)
+    return ShardedEmbeddingCollection(collection, module_plan, env, device, optimizer)
 
 
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
@@ -99,7 +131,8 @@ class DistributedModelParallel(nn.Module):
         env: this rank's place in the process group; default: the initialised default group.
         device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
-        sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices.
+        sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices,
+            and their ``fused_params`` choose the fused optimizer (see ``fused_params``).
         batch_size: the per-rank batch size the planner assumes when planning.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
@@ -128,12 +161,14 @@ class DistributedModelParallel(nn.Module):
         self.env = env
         self.device = torch.device(device) if device is not None else _default_device(env)
         collections = find_collections(module)
+        optimizers = collection_optimizers(collections, sharders)
         if plan is None and collections:
-            plan = plan_collections(collections, env, self.device, batch_size, sharders)
+            plan = plan_collections(collections, env, self.device, batch_size, sharders, optimizers)
         self.plan = plan
         self._sharded_paths = list(collections)
         for path, collection in collections.items():
-            module = _replace(module, path, _shard(collection, path, plan, env, self.device))
+            sharded = _shard(collection, path, plan, env, self.device, optimizers[path])
+            module = _replace(module, path, sharded)
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)
         logger.info(
@@ -143,10 +178,12 @@ class DistributedModelParallel(nn.Module):
     def _wrap_dense(self, module: nn.Module) -> nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
             return module
+        # Fused tables (no gradient) are never replicated; trainable data-parallel tables are.
         sharded = {
             f"{path}.{name}" if path else name
             for path in self._sharded_paths
-            for name, _ in module.get_submodule(path).named_parameters()
+            for name, param in module.get_submodule(path).named_parameters()
+            if not param.requires_grad
         }
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
         device_ids = [self.device] if self.device.type == "cuda" else None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_optimizer import ShardedFusedOptimizer
@@ -24,14 +24,18 @@ from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 
 
 class Replicated(Protocol):
-    """The data-parallel side of a sharded collection (``DataParallelTables``, ``SequenceDataParallel``)."""
+    """The data-parallel side of a sharded collection: fused (``DataParallelTables``,
+    ``SequenceDataParallel``: ``tables`` is a ``FusedTables``) or trainable parameters
+    (``DenseDataParallelTables``: the user's optimizer steps them, the fused optimizer leaves them out)."""
 
-    tables: FusedTables
-
-    @property
-    def fused_optimizer(self) -> torch.optim.Optimizer: ...
+    tables: FusedTables | nn.ModuleDict
 
     def weight(self, table: str) -> Tensor: ...
+
+
+def _fused_replicas(data_parallel: Replicated | None) -> FusedTables | None:
+    tables = None if data_parallel is None else data_parallel.tables
+    return tables if isinstance(tables, FusedTables) else None
 
 
 def plan_of(
@@ -113,13 +117,15 @@ def sharded_optimizer_state(
     storage: copying into them restores the state.
     """
     shard_states = sharded.table_optimizer_states() if sharded is not None else {}
-    replica_states = data_parallel.tables.table_optimizer_states() if data_parallel is not None else {}
+    replicas = _fused_replicas(data_parallel)
+    replica_states = replicas.table_optimizer_states() if replicas is not None else {}
     return {
         f"{prefix}.{table.name}.weight": [
             (shard, shard_states[shard_name] if shard_name is not None else replica_states[table.name])
             for shard_name, shard in shard_tables_of(table, shardings[table.name], rank)
         ]
         for table in tables
+        if replicas is not None or shardings[table.name].sharding_type is not ShardingType.DATA_PARALLEL
     }
 
 
@@ -131,9 +137,15 @@ def fused_optimizer(
 ) -> ShardedFusedOptimizer:
     """The collection's fused optimizer over its shards and replicas, keyed per table as TorchRec keys it."""
     kernels = [*(sharded.batches if sharded is not None else [])]
-    kernels += data_parallel.tables.batches if data_parallel is not None else []
+    replicas = _fused_replicas(data_parallel)
+    kernels += replicas.batches if replicas is not None else []
+    tables = {
+        key: table
+        for key, table in module.sharded_state().items()
+        if replicas is not None or table.sharding.sharding_type is not ShardingType.DATA_PARALLEL
+    }
     return ShardedFusedOptimizer(
-        module.sharded_state(), module.sharded_optimizer_state, kernels, config, module.env, module.device
+        tables, module.sharded_optimizer_state, kernels, config, module.env, module.device
     )
 
 

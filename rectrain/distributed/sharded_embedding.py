@@ -34,8 +34,10 @@ from rectrain.distributed.sequence_dist import (
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingCollection
+from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
+from rectrain.errors import ConfigError
 from rectrain.planner.types import ParameterSharding, Shard
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
@@ -68,6 +70,7 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ec`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
+        optimizer: the sharded tables' fused optimizer; default ``ec``'s.
     """
 
     def __init__(
@@ -76,14 +79,21 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ec.embedding_configs()
         self.env, self._device, self._need_indices = env, device, ec.need_indices()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = ec.fused_optimizer_config
+        optimizer = optimizer or ec.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
+        if ec.fused_optimizer_config is None and len(routed) < len(tables):
+            raise ConfigError(
+                "data_parallel tables of an EmbeddingCollection built without fused_optimizer= are not "
+                "supported (TorchRec cannot run them on CPU either); plan another sharding type or give the "
+                "collection fused_optimizer="
+            )
         self.routing = build_sequence_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
         groups = group_tables(local_tables, key=lambda t: (t.embedding_dim, t.data_type))

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from rectrain.distributed import shard_weights
 from rectrain.distributed.data_parallel import DataParallelTables
+from rectrain.distributed.dense_data_parallel import DenseDataParallelTables
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import (
     FeatureSelector,
@@ -35,7 +36,7 @@ from rectrain.distributed.shard_lookup import lookup
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingBagCollection
-from rectrain.embedding.config import PoolingType
+from rectrain.embedding.config import FusedOptimizerConfig, PoolingType
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.embedding.table_batch import pooling_mode
@@ -52,6 +53,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ebc`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
+        optimizer: the sharded tables' fused optimizer; default ``ebc``'s. When ``ebc`` was built without one
+            (TorchRec's way), its data-parallel tables stay trainable parameters (``dense_data_parallel``).
     """
 
     def __init__(
@@ -60,13 +63,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ebc.embedding_bag_configs()
         self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = ebc.fused_optimizer_config
+        optimizer = optimizer or ebc.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
@@ -87,9 +91,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         )
         dp_tables = [t for t in tables if t.name not in routed]
         names_by_table = get_embedding_names_by_table(tables)
+        names = dict(zip((t.name for t in tables), names_by_table))
         self.data_parallel = (
-            DataParallelTables(
-                dp_tables, dict(zip((t.name for t in tables), names_by_table)), optimizer, env, device
+            (
+                DenseDataParallelTables(dp_tables, names, self._is_weighted, device)
+                if ebc.fused_optimizer_config is None
+                else DataParallelTables(dp_tables, names, optimizer, env, device)
             )
             if dp_tables
             else None

@@ -1,10 +1,10 @@
 """TorchRec's sharder objects, reduced to what rectrain reads from them: the sharding types they offer.
 
 TorchRec code passes ``sharders=[EmbeddingBagCollectionSharder()]`` to the planner and to
-``DistributedModelParallel``; rectrain shards every collection itself, so a sharder here only narrows the
-sharding types and compute kernels the planner may pick. TorchRec's ``fused_params`` configure the fused
-optimizer; rectrain keeps that on the collection (``fused_optimizer=``), so a sharder given them refuses
-instead of silently training with another optimizer.
+``DistributedModelParallel``; rectrain shards every collection itself, so a sharder here narrows the sharding
+types and compute kernels the planner may pick, and its ``fused_params`` choose the fused optimizer of the
+collections built TorchRec's way (``rectrain.distributed.fused_params`` takes them or refuses them).
+Quantized communication (``qcomm_codecs_registry``) is refused: rectrain's collectives are not quantized.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from rectrain.distributed.fused_params import config_from_fused_params
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError
@@ -26,16 +27,14 @@ class BaseEmbeddingSharder:
     module_type: type[nn.Module] = nn.Module
 
     def __init__(self, fused_params: dict[str, Any] | None = None, qcomm_codecs_registry: Any = None) -> None:
-        if fused_params:
-            raise ConfigError(
-                f"{type(self).__name__}(fused_params=...): rectrain configures the fused optimizer on the "
-                "collection: EmbeddingBagCollection(..., fused_optimizer=FusedOptimizerConfig(...))"
-            )
         if qcomm_codecs_registry:
             raise ConfigError(
-                f"{type(self).__name__}(qcomm_codecs_registry=...): rectrain's collectives are not quantized"
+                f"{type(self).__name__}(qcomm_codecs_registry=...): rectrain's collectives are not "
+                "quantized; pass qcomm_codecs_registry=None (TorchRec's examples do on CPU)"
             )
-        self.fused_params: dict[str, Any] | None = None
+        if fused_params:
+            config_from_fused_params(fused_params, f"{type(self).__name__}(fused_params=...)")  # refuse early
+        self.fused_params: dict[str, Any] | None = dict(fused_params) if fused_params else None
         self.qcomm_codecs_registry = None
 
     def sharding_types(self, compute_device_type: str) -> list[str]:

@@ -1,7 +1,9 @@
-"""``EmbeddingBagCollection``: pooled lookups of several tables through FBGEMM (``torchrec``'s EBC).
+"""``EmbeddingBagCollection``: pooled lookups of several tables (``torchrec``'s EBC).
 
-All tables that share a pooling mode and data type go through one FBGEMM TBE call; the optimizer is fused into
-its backward (``fused_optimizer``), so no embedding gradient is materialised.
+Built as TorchRec builds it, each table is a parameter with a gradient that the user's optimizer steps
+(``dense_tables``). Built with ``fused_optimizer=``, all tables that share a pooling mode and data type go
+through one FBGEMM TBE call with the optimizer fused into its backward, so no embedding gradient is
+materialised.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rectrain.embedding import pt2_lookup
+from rectrain.embedding import dense_tables, pt2_lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -55,11 +57,13 @@ class EmbeddingBagCollection(nn.Module):
         tables: the tables; names must be unique.
         is_weighted: pool ``sum(weight * row)`` using ``kjt.weights()`` as per-id weights.
         device: where the tables live and the kernels run (cpu or cuda); default cpu.
-        fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
+        fused_optimizer: the optimizer applied inside backward (FBGEMM kernels). Without it, as in TorchRec,
+            ``embedding_bags.<table>`` is an ``nn.EmbeddingBag`` whose weight the model's optimizer updates
+            (and ``DistributedModelParallel`` takes the optimizer TorchRec's way).
 
-    State dict keys are ``embedding_bags.<table>.weight`` (views of the kernel storage; loading copies into
-    it).
-    Unlike TorchRec, the module cannot be moved with ``.to()``: build it on the device it should live on.
+    State dict keys are ``embedding_bags.<table>.weight`` (fused: views of the kernel storage; loading copies
+    into it). Unlike TorchRec, a fused collection cannot be moved with ``.to()``: build it on the device it
+    should live on.
     """
 
     def __init__(
@@ -80,7 +84,10 @@ class EmbeddingBagCollection(nn.Module):
         self._embedding_bag_configs = list(tables)
         self._is_weighted = is_weighted
         self._device = torch.device(device if device is not None else "cpu")
-        self.fused_optimizer_config = fused_optimizer or FusedOptimizerConfig()
+        self.fused_optimizer_config = fused_optimizer
+        if fused_optimizer is None:
+            self._init_dense()
+            return
         groups = group_tables(
             self._embedding_bag_configs, key=lambda t: (self._kernel_pooling(t), t.data_type)
         )
@@ -101,6 +108,13 @@ class EmbeddingBagCollection(nn.Module):
         self._columns = None if columns is None else columns.to(self._device)
         self.reset_parameters()
         logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
+
+    def _init_dense(self) -> None:
+        tables = self._embedding_bag_configs
+        self.embedding_bags = dense_tables.dense_bags(tables, self._is_weighted, self._device)
+        self._embedding_names = [n for names in get_embedding_names_by_table(tables) for n in names]
+        self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
+        self.reset_parameters()
 
     def _kernel_pooling(self, table: EmbeddingBagConfig) -> PoolingType:
         """Weighted MEAN runs as SUM in the kernel and is divided afterwards (see ``pooling``)."""
@@ -123,8 +137,11 @@ class EmbeddingBagCollection(nn.Module):
         return self._device
 
     @property
-    def fused_optimizer(self) -> FusedEmbeddingOptimizer:
-        """The optimizer that updates the tables during backward (its ``step()`` is a no-op)."""
+    def fused_optimizer(self) -> FusedEmbeddingOptimizer | None:
+        """The optimizer that updates the tables during backward (its ``step()`` is a no-op); None when the
+        collection was built without ``fused_optimizer=`` (its tables are the model optimizer's)."""
+        if self.fused_optimizer_config is None:
+            return None
         return self.embedding_bags.fused_optimizer
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -135,7 +152,10 @@ class EmbeddingBagCollection(nn.Module):
 
     def reset_parameters(self) -> None:
         """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
-        self.embedding_bags.reset_parameters()
+        if self.fused_optimizer_config is None:
+            dense_tables.reset_dense(self._embedding_bag_configs, self.embedding_bags)
+        else:
+            self.embedding_bags.reset_parameters()
 
     def forward(self, features: KJTLike) -> KeyedTensor:
         """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name.
@@ -143,7 +163,11 @@ class EmbeddingBagCollection(nn.Module):
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
         it in plain PyTorch ops (``pt2_lookup``).
         """
-        if torch.compiler.is_compiling():
+        if self.fused_optimizer_config is None:
+            values = dense_tables.dense_pooled(
+                self.embedding_bags, self._embedding_bag_configs, features, self._is_weighted
+            )
+        elif torch.compiler.is_compiling():
             values = pt2_lookup.pooled(
                 self.embedding_bags, self._embedding_bag_configs, features, self._is_weighted
             )

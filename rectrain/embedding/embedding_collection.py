@@ -1,7 +1,9 @@
 """``EmbeddingCollection``: per-id (sequence) lookups through FBGEMM, as ``torchrec.EmbeddingCollection``.
 
-FBGEMM's sequence mode (``PoolingMode.NONE``) needs one dim for all tables of a TBE, so tables are grouped by
-dim (and data type); each group is one TBE call with its optimizer fused into backward.
+Built as TorchRec builds it, each table is an ``nn.Embedding`` whose weight the user's optimizer steps
+(``dense_tables``). Built with ``fused_optimizer=``: FBGEMM's sequence mode (``PoolingMode.NONE``) needs one
+dim for all tables of a TBE, so tables are grouped by dim (and data type); each group is one TBE call with its
+optimizer fused into backward.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 
-from rectrain.embedding import pt2_lookup
+from rectrain.embedding import dense_tables, pt2_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -36,7 +38,8 @@ class EmbeddingCollection(nn.Module):
         tables: the tables; names must be unique.
         device: where the tables live and the kernels run (cpu or cuda); default cpu.
         need_indices: also return each id alongside its embedding.
-        fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
+        fused_optimizer: the optimizer applied inside backward (FBGEMM kernels). Without it, as in TorchRec,
+            ``embeddings.<table>`` is an ``nn.Embedding`` whose weight the model's optimizer updates.
 
     State dict keys are ``embeddings.<table>.weight``.
     """
@@ -50,7 +53,7 @@ class EmbeddingCollection(nn.Module):
         fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
-        self.fused_optimizer_config = fused_optimizer or FusedOptimizerConfig()
+        self.fused_optimizer_config = fused_optimizer
         check_table_names(tables)
         for position, table in enumerate(tables):
             if not isinstance(table, EmbeddingConfig):
@@ -60,6 +63,9 @@ class EmbeddingCollection(nn.Module):
         self._embedding_configs = list(tables)
         self._need_indices = need_indices
         self._device = torch.device(device if device is not None else "cpu")
+        if fused_optimizer is None:
+            self._init_dense()
+            return
         groups = group_tables(self._embedding_configs, key=lambda t: (t.embedding_dim, t.data_type))
         self.embeddings = FusedTables(
             self._embedding_configs,
@@ -81,13 +87,21 @@ class EmbeddingCollection(nn.Module):
         self.reset_parameters()
         logger.debug("EmbeddingCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
+    def _init_dense(self) -> None:
+        self.embeddings = dense_tables.dense_embeddings(self._embedding_configs, self._device)
+        self._embedding_names = [n for names in self.embedding_names_by_table() for n in names]
+        self.reset_parameters()
+
     @property
     def device(self) -> torch.device:
         return self._device
 
     @property
-    def fused_optimizer(self) -> FusedEmbeddingOptimizer:
-        """The optimizer that updates the tables during backward (its ``step()`` is a no-op)."""
+    def fused_optimizer(self) -> FusedEmbeddingOptimizer | None:
+        """The optimizer that updates the tables during backward (its ``step()`` is a no-op); None when the
+        collection was built without ``fused_optimizer=`` (its tables are the model optimizer's)."""
+        if self.fused_optimizer_config is None:
+            return None
         return self.embeddings.fused_optimizer
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
@@ -101,7 +115,10 @@ class EmbeddingCollection(nn.Module):
 
     def reset_parameters(self) -> None:
         """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
-        self.embeddings.reset_parameters()
+        if self.fused_optimizer_config is None:
+            dense_tables.reset_dense(self._embedding_configs, self.embeddings)
+        else:
+            self.embeddings.reset_parameters()
 
     def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
         """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``.
@@ -109,6 +126,14 @@ class EmbeddingCollection(nn.Module):
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
         it in plain PyTorch ops (``pt2_lookup``).
         """
+        if self.fused_optimizer_config is None:
+            return dense_tables.dense_sequence(
+                self.embeddings,
+                self._embedding_configs,
+                self.embedding_names_by_table(),
+                features,
+                self._need_indices,
+            )
         if torch.compiler.is_compiling():
             return pt2_lookup.sequence(
                 self.embeddings,

@@ -68,6 +68,10 @@ class FusedTables(nn.ModuleDict):
             self.batches,
             optimizer,
         )
+        for table in self.tables:
+            # TorchRec's mark of a table updated in backward: in_backward_optimizer_filter leaves it out of
+            # the optimizers built from model.named_parameters().
+            self[table.name].weight._in_backward_optimizers = [self.fused_optimizer]
 
     def _param_key(self, table: str) -> str:
         return f"{self._prefix}.{table}.weight"

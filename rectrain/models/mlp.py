@@ -3,8 +3,6 @@
 Submodule names match TorchRec's (``_mlp.<i>._linear``), so a TorchRec state dict of a DLRM loads as is.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 
 import torch

@@ -1,6 +1,27 @@
-"""Optimizers addressed by name, TorchRec-style: keyed, combined, and the fused embedding optimizer."""
+"""Optimizers addressed by name, TorchRec-style: keyed, combined, wrappers, row-wise Adagrad, and the fused
+embedding optimizer (``torchrec.optim``)."""
 
+from rectrain.optim.clipping import GradientClipping, GradientClippingOptimizer
 from rectrain.optim.fused import FusedEmbeddingOptimizer
-from rectrain.optim.keyed import CombinedOptimizer, KeyedOptimizer
+from rectrain.optim.keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, OptimizerWrapper
+from rectrain.optim.optimizers import SGD, Adagrad, Adam, in_backward_optimizer_filter
+from rectrain.optim.rowwise_adagrad import RowWiseAdagrad
+from rectrain.optim.warmup import WarmupOptimizer, WarmupPolicy, WarmupStage
 
-__all__ = ["CombinedOptimizer", "FusedEmbeddingOptimizer", "KeyedOptimizer"]
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "CombinedOptimizer",
+    "FusedEmbeddingOptimizer",
+    "GradientClipping",
+    "GradientClippingOptimizer",
+    "KeyedOptimizer",
+    "KeyedOptimizerWrapper",
+    "OptimizerWrapper",
+    "RowWiseAdagrad",
+    "WarmupOptimizer",
+    "WarmupPolicy",
+    "WarmupStage",
+    "in_backward_optimizer_filter",
+]

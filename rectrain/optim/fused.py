@@ -91,7 +91,7 @@ class FusedEmbeddingOptimizer(KeyedOptimizer):
         group = _LiveParamGroup(
             {"params": list(params.values()), **hyper}, kernels, fixed=[k for k in hyper if k != "lr"]
         )
-        super().__init__(params, [group])
+        super().__init__(params, {}, [group])
         self.optimizer_type = config.optimizer
         self._state_fn = state_fn
         self._refresh_state()

@@ -1,40 +1,59 @@
-"""Optimizers addressed by name: ``KeyedOptimizer`` (TorchRec's state-dict format) and ``CombinedOptimizer``.
+"""Optimizers addressed by parameter name, as ``torchrec.optim.keyed``: ``KeyedOptimizer``, its wrappers and
+``CombinedOptimizer`` (in ``combined``, re-exported here).
 
-Both are ``torch.optim.Optimizer`` instances so that torch's LR schedulers drive them through
-``param_groups[i]["lr"]``.
+All are ``torch.optim.Optimizer`` instances, so torch's LR schedulers drive them through
+``param_groups[i]["lr"]``. ``state_dict()`` is ``{"state": {param_key: {state_key: value}}}`` plus
+``"param_groups"`` (parameter keys instead of indices) once ``save_param_groups(True)`` was called, as in
+TorchRec. ``load_state_dict`` copies tensors *in place*, so state that lives inside a kernel's storage (FBGEMM
+momentum buffers) is restored where the kernel reads it.
 """
 
 from __future__ import annotations
 
-from collections import ChainMap, OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping
+from copy import deepcopy
 from typing import Any
 
 import torch
 from torch import Tensor
-
-
-def _check_same_keys(what: str, expected: Collection[str], given: Collection[str]) -> None:
-    missing, unexpected = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 
 class KeyedOptimizer(torch.optim.Optimizer):
-    """A torch optimizer whose parameters and state tensors have names, as ``torchrec.optim.KeyedOptimizer``.
+    """A torch optimizer whose parameters have names (``torchrec.optim.KeyedOptimizer``).
 
-    ``state_dict()`` is ``{"state": {param_key: {state_key: Tensor}}, "param_groups": [{"params":
-    [param_key, ...], <hyper-parameters>}]}``. ``load_state_dict`` copies state tensors *in place*, so state
-    that lives inside a kernel's storage (FBGEMM momentum buffers) is restored where the kernel reads it.
+    Args:
+        params: parameter key -> parameter.
+        state: parameter -> its state (``{state_key: tensor, number, nested dict or object with a
+            state_dict()}``); every key must be one of ``params``.
+        param_groups: torch's param groups (``{"params": [...], <hyper-parameters>}``).
 
-    Subclasses implement ``step``; ``self.state`` maps each parameter to its ``{state_key: Tensor}``.
+    Subclasses implement ``step``.
     """
 
-    def __init__(self, params: Mapping[str, Tensor], param_groups: Sequence[dict[str, Any]]) -> None:
-        super().__init__(list(param_groups), defaults={})
-        self.params: dict[str, Tensor] = dict(params)
-        grouped = {id(param) for group in self.param_groups for param in group["params"]}
-        assert grouped == set(self._keys_by_id()), "param_groups must hold exactly the named params"
+    def __init__(
+        self,
+        params: Mapping[str, Tensor],
+        state: Mapping[Any, Any],
+        param_groups: Collection[Mapping[str, Any]],
+    ) -> None:
+        # torch's Optimizer.__init__ would copy the groups and re-create the state; both are shared instead.
+        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self.state = state
+        self.param_groups = param_groups
+        self.params = params
+        self.defaults: dict[str, Any] = {"_save_param_groups": False}
+        known = {id(p) for p in params.values()}
+        strangers = [key for key in state if id(key) not in known]
+        if strangers:
+            raise ValueError(f"All state keys must be params. The following keys are not: {strangers}.")
+        self._patch_step_function()
 
     def __getstate__(self) -> dict[str, Any]:
         # torch's __getstate__ keeps only defaults/state/param_groups; a copy needs the names too.
@@ -44,128 +63,166 @@ class KeyedOptimizer(torch.optim.Optimizer):
         return {id(param): key for key, param in self.params.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Named state and param groups (the state tensors are the live ones, not copies)."""
+        """Named state (live tensors, not copies); named param groups once ``save_param_groups(True)``."""
         keys = self._keys_by_id()
-        state = {keys[id(param)]: dict(values) for param, values in self.state.items()}
-        groups = [
-            {
-                **{k: v for k, v in group.items() if k != "params"},
-                "params": [keys[id(p)] for p in group["params"]],
-            }
-            for group in self.param_groups
-        ]
-        return {"state": state, "param_groups": groups}
+        state = {keys[id(param)]: _state_content(values) for param, values in self.state.items()}
+        result: dict[str, Any] = {"state": state}
+        if self.defaults.get("_save_param_groups"):
+            result["param_groups"] = [
+                {"params": sorted(keys[id(p)] for p in group["params"])}
+                | {k: deepcopy(v) for k, v in group.items() if k != "params"}
+                for group in self.param_groups
+            ]
+        return result
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Copy saved state into this optimizer's tensors and restore each group's hyper-parameters."""
-        _check_same_keys("optimizer state_dict", ("state", "param_groups"), state_dict.keys())
-        own = self.state_dict()
-        _check_same_keys("optimizer state", own["state"].keys(), state_dict["state"].keys())
-        with torch.no_grad():
-            for key, tensors in own["state"].items():
-                saved = state_dict["state"][key]
-                _check_same_keys(f"optimizer state of {key!r}", tensors.keys(), saved.keys())
-                for name, tensor in tensors.items():
-                    self._copy_state(f"optimizer state {name!r} of {key!r}", tensor, saved[name])
-        saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"saved state has {len(saved_groups)} param groups, this optimizer has "
-                f"{len(self.param_groups)}"
-            )
-        for index, (own_group, group, saved) in enumerate(
-            zip(own["param_groups"], self.param_groups, saved_groups)
-        ):
-            own_keys = own_group["params"]
-            if list(saved["params"]) != own_keys:
-                raise ValueError(f"param_groups[{index}] holds {list(saved['params'])}, expected {own_keys}")
-            for name, value in saved.items():
-                if name != "params":
-                    group[name] = value
+        """Copy saved state into this optimizer's tensors (in place); restore the param groups' values when
+        both sides save them. The state must already exist (``init_state``) and match key for key."""
+        saved = state_dict["state"]
+        if len(self.state) != len(saved):
+            raise ValueError(f"Different parameter count: {len(self.state)} vs {len(saved)}")
+        for key, param in self.params.items():
+            if param not in self.state:
+                continue
+            if key not in saved:
+                raise ValueError(f"Parameter {key} not found")
+            own = self.state[param]
+            if len(own) != len(saved[key]):
+                raise ValueError(f"Different state size of {key}: {len(own)} vs {len(saved[key])}")
+            self._load_into(own, saved[key], key)
+        if self.defaults.get("_save_param_groups") and "param_groups" in state_dict:
+            self._load_param_groups(state_dict["param_groups"])
+        self.post_load_state_dict()
+
+    def _load_into(self, own: dict[str, Any], saved: Mapping[str, Any], where: str) -> None:
+        for name, value in own.items():
+            if name not in saved:
+                raise ValueError(f"optimizer state {where}.{name} not found in the saved state")
+            new = saved[name]
+            if isinstance(value, dict):
+                self._load_into(value, new, f"{where}.{name}")
+            elif callable(getattr(value, "load_state_dict", None)):
+                value.load_state_dict(new)
+            elif isinstance(value, Tensor):
+                with torch.no_grad():
+                    self._copy_state(f"optimizer state {name!r} of {where!r}", value, new)
+            else:
+                own[name] = deepcopy(new)
 
     def _copy_state(self, where: str, tensor: Any, saved: Any) -> None:
-        """Copy one saved state value into this optimizer's ``tensor`` (subclasses holding sharded state
-        override this)."""
+        """Copy one saved state tensor into ``tensor`` (subclasses holding sharded state override this)."""
+        if isinstance(tensor, ShardedTensor):
+            mine, theirs = tensor.local_shards(), saved.local_shards()
+            if len(mine) != len(theirs):
+                raise ValueError(f"{where}: different number of shards {len(mine)} vs {len(theirs)}")
+            for shard, new in zip(mine, theirs):
+                shard.tensor.detach().copy_(new.tensor)
+            return
         value = torch.as_tensor(saved)
-        if value.shape != tensor.shape:
+        if value.shape != tensor.shape and value.numel() != 1:
             raise ValueError(
                 f"{where}: saved shape {tuple(value.shape)} does not match {tuple(tensor.shape)}"
             )
-        tensor.copy_(value)
+        tensor.detach().copy_(value)
+
+    def _load_param_groups(self, saved_groups: list[Mapping[str, Any]]) -> None:
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"Different param_groups count: {len(self.param_groups)} vs {len(saved_groups)}")
+        keys = self._keys_by_id()
+        saved_by_params = {"/".join(sorted(g["params"])): g for g in saved_groups}
+        for group in self.param_groups:
+            name = "/".join(sorted(keys[id(p)] for p in group["params"]))
+            if name not in saved_by_params:
+                raise ValueError(f"Group {name} not found")
+            for key, value in saved_by_params[name].items():
+                if key != "params":
+                    group[key] = deepcopy(value)
+
+    def post_load_state_dict(self) -> None:
+        """Called after ``load_state_dict`` (subclasses re-derive what depends on the state)."""
+
+    def add_param_group(self, param_group: Any) -> None:
+        raise NotImplementedError("a KeyedOptimizer's parameters are fixed at construction")
+
+    def init_state(self, sparse_grad_parameter_names: set[str] | None = None) -> None:
+        """Create the (usually lazy) state with one step on zero gradients, so a checkpoint can load in
+        place; parameters named in ``sparse_grad_parameter_names`` get sparse zero gradients."""
+        for key, param in self.params.items():
+            if param.requires_grad:
+                zeros = torch.zeros_like(param)
+                if sparse_grad_parameter_names is not None and key in sparse_grad_parameter_names:
+                    zeros = zeros.to_sparse()
+                param.grad = zeros
+        self.step(closure=None)
+
+    def save_param_groups(self, save: bool) -> None:
+        self.defaults["_save_param_groups"] = save
 
 
-class CombinedOptimizer(torch.optim.Optimizer):
-    """Named optimizers stepped, zeroed and checkpointed as one (``torchrec.optim.CombinedOptimizer``).
+def _state_content(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A parameter's state with every object that has a ``state_dict()`` replaced by it (nested dicts too)."""
+    result = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            result[key] = _state_content(value)
+        elif callable(getattr(value, "state_dict", None)):
+            result[key] = value.state_dict()
+        else:
+            result[key] = value
+    return result
 
-    ``param_groups`` lists the groups of every member, in order, as the members' own dicts: an LR scheduler
-    over the combined optimizer changes each member's learning rate. ``state_dict()`` is
-    ``{name: member.state_dict()}``; unlike TorchRec, members may be plain ``torch.optim`` optimizers, whose
-    state stays in torch's own format under their name.
-    """
 
-    def __init__(self, optims: Sequence[tuple[str, torch.optim.Optimizer]]) -> None:
-        # torch.optim.Optimizer.__init__ would copy param groups into a list of its own; members'
-        # load_state_dict replaces their group dicts, so the groups are read from the members on every access.
-        self._optims: list[tuple[str, torch.optim.Optimizer]] = []
-        for position, item in enumerate(optims):
-            if not (
-                isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.optim.Optimizer)
-            ):
-                raise TypeError(
-                    f"optims[{position}] must be a (name, torch.optim.Optimizer) pair, got {item!r}"
-                )
-            name = item[0]
-            if not name or any(name == other for other, _ in self._optims):
-                raise ValueError(
-                    f"optims[{position}]: optimizer names must be unique and non-empty, got {name!r}"
-                )
-            self._optims.append(item)
-        if not self._optims:
-            raise ValueError("optims is empty: CombinedOptimizer needs at least one optimizer")
-        self.defaults: dict[str, Any] = {}
-        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._patch_step_function()
+class KeyedOptimizerWrapper(KeyedOptimizer):
+    """A torch optimizer built by ``optim_factory`` over ``params`` and exposed by key
+    (``torchrec.optim.KeyedOptimizerWrapper``); ``pass_params_dict`` hands the factory the dict itself."""
 
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def __init__(
+        self,
+        params: Mapping[str, Tensor],
+        optim_factory: Callable[[Any], torch.optim.Optimizer],
+        pass_params_dict: bool = False,
+    ) -> None:
+        self._optimizer = optim_factory(params if pass_params_dict else list(params.values()))
+        super().__init__(params, self._optimizer.state, self._optimizer.param_groups)
 
-    @property
-    def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
-        return list(self._optims)
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return [group for _, optim in self._optims for group in optim.param_groups]
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return self._optimizer.step(closure=closure)
 
-    @property
-    def state(self) -> ChainMap:  # type: ignore[override]
-        return ChainMap(*(optim.state for _, optim in self._optims))
 
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Step every member; a closure, if given, is evaluated once (not once per member)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for _, optim in self._optims:
-            optim.step()
-        return loss
+class OptimizerWrapper(KeyedOptimizer):
+    """A ``KeyedOptimizer`` around another one, for wrappers that change ``step`` (warm-up, clipping)."""
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for _, optim in self._optims:
-            optim.zero_grad(set_to_none=set_to_none)
+    def __init__(self, optimizer: KeyedOptimizer) -> None:
+        self._optimizer = optimizer
+        super().__init__(optimizer.params, optimizer.state, optimizer.param_groups)
+
+    def __repr__(self) -> str:
+        return repr(self._optimizer)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return self._optimizer.step(closure=closure)
 
     def state_dict(self) -> dict[str, Any]:
-        return {name: optim.state_dict() for name, optim in self._optims}
+        return self._optimizer.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        _check_same_keys(
-            "CombinedOptimizer state_dict", [name for name, _ in self._optims], state_dict.keys()
-        )
-        for name, optim in self._optims:
-            optim.load_state_dict(state_dict[name])
+        self._optimizer.load_state_dict(state_dict)
+        self.state, self.param_groups = self._optimizer.state, self._optimizer.param_groups
+        self.post_load_state_dict()
+
+    def post_load_state_dict(self) -> None:
+        self._optimizer.post_load_state_dict()
+
+    def save_param_groups(self, save: bool) -> None:
+        self._optimizer.save_param_groups(save)
+
+
+from rectrain.optim.combined import CombinedOptimizer  # noqa: E402  (re-export: TorchRec's module holds it)
+
+__all__ = ["CombinedOptimizer", "KeyedOptimizer", "KeyedOptimizerWrapper", "OptimizerWrapper"]

@@ -126,8 +126,10 @@ class EmbeddingEnumerator:
                     f"than min_partition={constraint.min_partition}"
                 )
             elif not any(_kernel_fits(kind, k) for k in allowed_kernels):
+                kernel = "dense" if kind == ShardingType.DATA_PARALLEL else "fused"
                 reasons.append(
-                    f"{kind.value} runs only the dense kernel (its replicas' gradients are all-reduced)"
+                    f"{kind.value} runs only the {kernel} kernel (as in TorchRec: replicas all-reduce their "
+                    "gradients, routed shards update in backward)"
                 )
         return reasons
 
@@ -188,8 +190,10 @@ def _narrowed(constraint: ParameterConstraints, offered: list[ShardingType] | No
 
 
 def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) -> bool:
-    # A replicated table needs its gradient materialised for the all-reduce, so only the dense kernel.
-    return sharding_type != ShardingType.DATA_PARALLEL or kernel == EmbeddingComputeKernel.DENSE
+    # A replicated table needs its gradient materialised for the all-reduce, so only the dense kernel; a
+    # routed shard is updated in backward by the fused kernel (TorchRec's sharders offer the same pairs, so
+    # compute_kernels=["dense"] makes a table data-parallel, as in TorchRec).
+    return (sharding_type == ShardingType.DATA_PARALLEL) == (kernel == EmbeddingComputeKernel.DENSE)
 
 
 def _names(values: list | None) -> str:

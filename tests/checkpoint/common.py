@@ -117,7 +117,7 @@ def capture(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) ->
     dense = {k: v.detach().clone() for k, v in model_state.dense_state(model).items()}
     optim = None
     if optimizer is not None:
-        state = optimizer.state_dict()["dense"]["state"]
+        state = dict(optimizer.optimizers)["dense"].state_dict()["state"]
         optim = {i: {k: v.clone() for k, v in s.items()} for i, s in state.items()}
     return {"pieces": pieces, "dense": dense, "optim": optim}
 

@@ -108,3 +108,16 @@ def test_unusable_learning_rate_in_the_manifest_is_named(tmp_path, lr):
     fresh = common.build_model(seed=1)
     with pytest.raises(CheckpointError, match=r"fused_optimizer\.lr must be a finite number >= 0"):
         load_checkpoint(tmp_path, model=fresh, optimizer=common.make_optimizer(fresh))
+
+
+def test_a_collection_built_torchrecs_way_is_refused_by_name(tmp_path):
+    import torch
+
+    from rectrain import EmbeddingBagCollection, EmbeddingBagConfig
+
+    model = torch.nn.Sequential()
+    model.add_module(
+        "ebc", EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=4)])
+    )
+    with pytest.raises(CheckpointError, match="'ebc' was built without fused_optimizer="):
+        save_checkpoint(tmp_path / "ckpt", model=model, step=1)

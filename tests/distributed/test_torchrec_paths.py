@@ -79,10 +79,14 @@ def test_default_sharders_cover_both_collections():
     assert all(s.sharding_types("cpu") == TYPES for s in sharders)
 
 
-def test_fused_params_on_a_sharder_are_refused_with_the_place_they_belong():
-    # TorchRec's fused_params pick the fused optimizer; ignoring them would train with another one.
-    with pytest.raises(ConfigError, match=r"fused_params=.*fused_optimizer=FusedOptimizerConfig"):
-        EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_sgd", "learning_rate": 0.1})
+def test_a_sharders_fused_params_are_kept_or_refused_by_name():
+    # TorchRec's fused_params pick the fused optimizer: taken when rectrain's kernels can honour them.
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_sgd", "learning_rate": 0.1})
+    assert sharder.fused_params == {"optimizer": "exact_sgd", "learning_rate": 0.1}
+    with pytest.raises(ConfigError, match="optimizer LAMB has no rectrain kernel"):
+        EmbeddingBagCollectionSharder(fused_params={"optimizer": "lamb"})
+    with pytest.raises(ConfigError, match="momentum=0.9 is not supported"):
+        EmbeddingBagCollectionSharder(fused_params={"optimizer": "exact_sgd", "momentum": 0.9})
     with pytest.raises(ConfigError, match="qcomm_codecs_registry"):
         EmbeddingCollectionSharder(qcomm_codecs_registry={"forward": "fp16"})
     assert EmbeddingBagCollectionSharder(fused_params={}).fused_params is None

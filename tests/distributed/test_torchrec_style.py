@@ -6,7 +6,8 @@ module, sharders, pg)``, ``DistributedModelParallel(module, device=..., plan=pla
 weights out of ``dmp.state_dict()`` (``local_shards()``, ``shard.metadata.shard_offsets``, ``shard.tensor``;
 or ``ShardedTensor.gather``) into an unsharded reference and compare the two models' forward on the same
 batch. One run per sharding type; each type also gets a table it must shard unevenly (rows) or cannot split
-(columns).
+(columns). The tables' optimizer is given TorchRec's way (``apply_optimizer_in_backward(RowWiseAdagrad,
+...)``); data-parallel tables stay parameters that the user's optimizer steps, as TorchRec's ``dense`` kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 from torch.distributed.tensor import Shard as DShard
 from torch.distributed.tensor import distribute_tensor
 
@@ -23,6 +25,7 @@ from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from rectrain.distributed.model_parallel import DistributedModelParallel
 from rectrain.distributed.planner import EmbeddingShardingPlanner, Topology
 from rectrain.distributed.planner.types import ParameterConstraints
+from rectrain.optim.rowwise_adagrad import RowWiseAdagrad
 from tests.distributed.multiprocess import run_multiprocess
 
 SHARDING_TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"]
@@ -67,6 +70,7 @@ def _gather_state_dict(state: dict, reference: dict) -> None:
 def _run(env, sharding_type: str) -> dict:
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=_tables(), device=torch.device("cpu"))
+    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})
     constraints = {t.name: ParameterConstraints(sharding_types=[sharding_type]) for t in _tables()}
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=env.world_size, compute_device="cpu"), constraints=constraints
@@ -104,13 +108,19 @@ def _run(env, sharding_type: str) -> dict:
     # one per column shard laid end to end for a column-wise table.
     optimizer_state = dmp.fused_optimizer.state_dict()["state"]
     momentum = {
-        key: list(optimizer_state[key][f"{key.split('.')[1]}.momentum1"].size()) for key in sorted(state)
+        key: list(optimizer_state[key][f"{key.split('.')[1]}.momentum1"].size())
+        for key in sorted(optimizer_state)
     }
+    trainable = [
+        name for name, p in dmp.named_parameters() if p.requires_grad and "_in_backward" not in dir(p)
+    ]
     return {
         "kinds": kinds,
         "types": [type(v).__name__ for v in state.values()],
         "shards": shards,
         "momentum": momentum,
+        "lr": [group["lr"] for group in dmp.fused_optimizer.param_groups],
+        "trainable": trainable,
     }
 
 
@@ -132,10 +142,18 @@ def test_torchrec_style_two_rank_script(sharding_type):
         expected_type = "Tensor" if sharding_type == "data_parallel" else "ShardedTensor"
         assert set(result["types"]) == {expected_type}
     column_shards = 2 if sharding_type == "column_wise" else 1
-    assert results[0]["momentum"] == {
-        "embedding_bags.table_0.weight": [101],
-        "embedding_bags.table_1.weight": [40 * column_shards],
-    }
+    if sharding_type == "data_parallel":  # replicated parameters: the user's optimizer steps them
+        assert results[0]["momentum"] == {}
+        assert results[0]["trainable"] == [
+            "data_parallel.tables.table_0.weight",
+            "data_parallel.tables.table_1.weight",
+        ]
+    else:
+        assert results[0]["momentum"] == {
+            "embedding_bags.table_0.weight": [101],
+            "embedding_bags.table_1.weight": [40 * column_shards],
+        }
+        assert results[0]["lr"] == [0.01] and results[0]["trainable"] == []
     if sharding_type == "row_wise":
         assert [r["shards"]["embedding_bags.table_0.weight"] for r in results] == [[[51, 16]], [[50, 16]]]
     if sharding_type == "column_wise":

@@ -8,8 +8,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
+from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.sparse import KeyedJaggedTensor
+
+
+def fused_ebc(tables: list[EmbeddingBagConfig], *args, **kwargs) -> EmbeddingBagCollection:
+    """An EmbeddingBagCollection on the fused FBGEMM path (row-wise Adagrad unless ``fused_optimizer=``)."""
+    kwargs.setdefault("fused_optimizer", FusedOptimizerConfig())
+    return EmbeddingBagCollection(tables, *args, **kwargs)
+
+
+def fused_ec(tables: list[EmbeddingConfig], *args, **kwargs) -> EmbeddingCollection:
+    """An EmbeddingCollection on the fused FBGEMM path (row-wise Adagrad unless ``fused_optimizer=``)."""
+    kwargs.setdefault("fused_optimizer", FusedOptimizerConfig())
+    return EmbeddingCollection(tables, *args, **kwargs)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import EmbeddingBagConfig, PoolingType
 from rectrain.errors import ConfigError
-from tests.embedding.reference import ReferenceEBC, random_batch, table_weights
+from tests.embedding.reference import ReferenceEBC, fused_ebc, random_batch, table_weights
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -47,7 +47,7 @@ def check_forward(ebc: EmbeddingBagCollection, batch, keys: list[str] | None = N
 @pytest.mark.parametrize("batch_size", [1, 7])
 def test_forward_matches_reference_sum_and_mean_with_empty_bags(batch_size: int) -> None:
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(tables_mixed())
+    ebc = fused_ebc(tables_mixed())
     batch = random_batch(rows_of(tables_mixed()), batch_size, torch.Generator().manual_seed(1))
     check_forward(ebc, batch)
     out = ebc(batch.kjt())
@@ -57,7 +57,7 @@ def test_forward_matches_reference_sum_and_mean_with_empty_bags(batch_size: int)
 
 def test_forward_under_inference_mode_equals_the_training_forward() -> None:
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection(tables_mixed())
+    ebc = fused_ebc(tables_mixed())
     kjt = random_batch(rows_of(tables_mixed()), 5, torch.Generator().manual_seed(4)).kjt()
     expected = ebc(kjt).values().detach()
     with torch.inference_mode():
@@ -66,7 +66,7 @@ def test_forward_under_inference_mode_equals_the_training_forward() -> None:
 
 
 def test_forward_with_all_bags_empty_is_zero() -> None:
-    ebc = EmbeddingBagCollection(tables_mixed())
+    ebc = fused_ebc(tables_mixed())
     batch = random_batch(rows_of(tables_mixed()), 3, torch.Generator().manual_seed(2), max_len=0)
     out = ebc(batch.kjt()).values()
     assert out.shape == (3, 32)
@@ -78,7 +78,7 @@ def test_weighted_forward_matches_reference() -> None:
         EmbeddingBagConfig(name="a", num_embeddings=40, embedding_dim=8),
         EmbeddingBagConfig(name="b", num_embeddings=10, embedding_dim=4, feature_names=["b", "c"]),
     ]
-    ebc = EmbeddingBagCollection(tables, is_weighted=True)
+    ebc = fused_ebc(tables, is_weighted=True)
     assert ebc.is_weighted()
     batch = random_batch(rows_of(tables), 6, torch.Generator().manual_seed(3), weighted=True)
     check_forward(ebc, batch)
@@ -86,7 +86,7 @@ def test_weighted_forward_matches_reference() -> None:
 
 def test_weighted_collection_needs_weights() -> None:
     tables = [EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=4)]
-    ebc = EmbeddingBagCollection(tables, is_weighted=True)
+    ebc = fused_ebc(tables, is_weighted=True)
     batch = random_batch(rows_of(tables), 2, torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="is_weighted"):
         ebc(batch.kjt())
@@ -97,7 +97,7 @@ def test_feature_shared_by_two_tables_gets_torchrec_names() -> None:
         EmbeddingBagConfig(name="t0", num_embeddings=10, embedding_dim=4, feature_names=["shared", "x"]),
         EmbeddingBagConfig(name="t1", num_embeddings=10, embedding_dim=8, feature_names=["shared"]),
     ]
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     batch = random_batch({"shared": 10, "x": 10}, 5, torch.Generator().manual_seed(4))
     check_forward(ebc, batch)
     assert ebc(batch.kjt()).keys() == ["shared@t0", "x", "shared@t1"]
@@ -105,7 +105,7 @@ def test_feature_shared_by_two_tables_gets_torchrec_names() -> None:
 
 def test_permuted_and_extra_keys() -> None:
     tables = tables_mixed()
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     rows = {**rows_of(tables), "unused": 100}
     batch = random_batch(rows, 4, torch.Generator().manual_seed(5))
     expected = ebc(batch.kjt(["f0", "f1", "f2", "f3"])).values()
@@ -116,7 +116,7 @@ def test_permuted_and_extra_keys() -> None:
 
 def test_missing_feature_is_named() -> None:
     tables = tables_mixed()
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     batch = random_batch(rows_of(tables), 2, torch.Generator().manual_seed(6))
     with pytest.raises(ValueError, match="no feature 'f2'"):
         ebc(batch.kjt(["f0", "f1", "f3"]))
@@ -124,7 +124,7 @@ def test_missing_feature_is_named() -> None:
 
 def test_id_out_of_range_is_named() -> None:
     tables = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f", "g"])]
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     batch = random_batch({"f": 10, "g": 10}, 3, torch.Generator().manual_seed(7), empty_bags=False)
     batch.ids["g"][0] = 10
     with pytest.raises(ValueError, match=r"feature 'g': id 10 is out of range .*num_embeddings=10"):
@@ -151,7 +151,7 @@ def test_id_out_of_range_is_named() -> None:
 )
 def test_bad_tables_raise_config_error(tables: list[EmbeddingBagConfig], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        EmbeddingBagCollection(tables)
+        fused_ebc(tables)
 
 
 def test_init_is_reproducible_and_within_bounds() -> None:
@@ -162,9 +162,9 @@ def test_init_is_reproducible_and_within_bounds() -> None:
         EmbeddingBagConfig(name="b", num_embeddings=100, embedding_dim=8, pooling=PoolingType.MEAN),
     ]
     torch.manual_seed(42)
-    first = {k: v.clone() for k, v in EmbeddingBagCollection(tables).state_dict().items()}
+    first = {k: v.clone() for k, v in fused_ebc(tables).state_dict().items()}
     torch.manual_seed(42)
-    second = EmbeddingBagCollection(tables).state_dict()
+    second = fused_ebc(tables).state_dict()
     for key, value in first.items():
         torch.testing.assert_close(second[key], value, rtol=0, atol=0)
     a = first["embedding_bags.a.weight"]
@@ -175,11 +175,11 @@ def test_init_is_reproducible_and_within_bounds() -> None:
 
 def test_state_dict_round_trip() -> None:
     tables = tables_mixed()
-    source = EmbeddingBagCollection(tables)
+    source = fused_ebc(tables)
     state = source.state_dict()
     assert sorted(state) == [f"embedding_bags.{t}.weight" for t in ("t0", "t1", "t2")]
     assert state["embedding_bags.t1.weight"].shape == (30, 4)
-    target = EmbeddingBagCollection(tables)
+    target = fused_ebc(tables)
     target.load_state_dict({k: v.clone() for k, v in state.items()})
     batch = random_batch(rows_of(tables), 5, torch.Generator().manual_seed(8))
     torch.testing.assert_close(target(batch.kjt()).values(), source(batch.kjt()).values(), rtol=0, atol=0)
@@ -187,7 +187,7 @@ def test_state_dict_round_trip() -> None:
 
 def test_load_state_dict_writes_into_kernel_storage() -> None:
     tables = [EmbeddingBagConfig(name="t", num_embeddings=6, embedding_dim=4)]
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     ebc.load_state_dict({"embedding_bags.t.weight": torch.arange(24.0).view(6, 4)})
     batch = random_batch({"t": 6}, 2, torch.Generator().manual_seed(9), empty_bags=False)
     batch.ids["t"][:] = 5
@@ -197,7 +197,7 @@ def test_load_state_dict_writes_into_kernel_storage() -> None:
 
 def test_deepcopy_is_independent() -> None:
     tables = tables_mixed()
-    ebc = EmbeddingBagCollection(tables)
+    ebc = fused_ebc(tables)
     clone = copy.deepcopy(ebc)
     with torch.no_grad():
         clone.embedding_bags["t0"].weight.fill_(1.0)
@@ -206,7 +206,7 @@ def test_deepcopy_is_independent() -> None:
 
 
 def test_moving_after_construction_raises() -> None:
-    ebc = EmbeddingBagCollection(tables_mixed())
+    ebc = fused_ebc(tables_mixed())
     with pytest.raises(ValueError, match="cannot be moved or cast"):
         ebc.double()
 
@@ -215,9 +215,9 @@ def test_moving_after_construction_raises() -> None:
 def test_cuda_forward_matches_cpu() -> None:
     tables = tables_mixed()
     torch.manual_seed(0)
-    cpu = EmbeddingBagCollection(tables)
+    cpu = fused_ebc(tables)
     torch.manual_seed(0)
-    cuda = EmbeddingBagCollection(tables, device="cuda")
+    cuda = fused_ebc(tables, device="cuda")
     assert cuda.device.type == "cuda"
     batch = random_batch(rows_of(tables), 16, torch.Generator().manual_seed(11))
     kjt = batch.kjt()

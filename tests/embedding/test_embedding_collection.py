@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig
 from rectrain.errors import ConfigError
-from tests.embedding.reference import ReferenceEC, random_batch, table_weights
+from tests.embedding.reference import ReferenceEC, fused_ec, random_batch, table_weights
 
 
 def tables() -> list[EmbeddingConfig]:
@@ -25,7 +24,7 @@ ROWS = {"x": 20, "y": 20, "z": 10, "w": 30}
 
 @pytest.mark.parametrize("batch_size", [1, 6])
 def test_forward_matches_reference(batch_size: int) -> None:
-    ec = EmbeddingCollection(tables())
+    ec = fused_ec(tables())
     batch = random_batch({**ROWS, "extra": 5}, batch_size, torch.Generator().manual_seed(0))
     out = ec(batch.kjt(["w", "extra", "z", "y", "x"]))
     assert list(out) == ["x", "y", "z", "w"]
@@ -37,7 +36,7 @@ def test_forward_matches_reference(batch_size: int) -> None:
 
 
 def test_need_indices_returns_ids_as_weights() -> None:
-    ec = EmbeddingCollection(tables(), need_indices=True)
+    ec = fused_ec(tables(), need_indices=True)
     assert ec.need_indices()
     batch = random_batch(ROWS, 4, torch.Generator().manual_seed(1))
     for name, jagged in ec(batch.kjt()).items():
@@ -49,7 +48,7 @@ def test_shared_feature_names_and_values() -> None:
         EmbeddingConfig(name="a", num_embeddings=10, embedding_dim=4, feature_names=["s"]),
         EmbeddingConfig(name="b", num_embeddings=10, embedding_dim=4, feature_names=["s", "t"]),
     ]
-    ec = EmbeddingCollection(shared)
+    ec = fused_ec(shared)
     assert ec.embedding_names_by_table() == [["s@a"], ["s@b", "t"]]
     batch = random_batch({"s": 10, "t": 10}, 3, torch.Generator().manual_seed(2))
     out = ec(batch.kjt())
@@ -59,17 +58,17 @@ def test_shared_feature_names_and_values() -> None:
 
 
 def test_all_bags_empty() -> None:
-    ec = EmbeddingCollection(tables())
+    ec = fused_ec(tables())
     out = ec(random_batch(ROWS, 3, torch.Generator().manual_seed(3), max_len=0).kjt())
     assert out["z"].values().shape == (0, 4)
     assert out["x"].lengths().tolist() == [0, 0, 0]
 
 
 def test_state_dict_keys_and_round_trip() -> None:
-    source = EmbeddingCollection(tables())
+    source = fused_ec(tables())
     state = source.state_dict()
     assert sorted(state) == ["embeddings.a.weight", "embeddings.b.weight", "embeddings.c.weight"]
-    target = EmbeddingCollection(tables())
+    target = fused_ec(tables())
     target.load_state_dict({k: v.clone() for k, v in state.items()})
     batch = random_batch(ROWS, 2, torch.Generator().manual_seed(4))
     for name, jagged in target(batch.kjt()).items():
@@ -78,8 +77,8 @@ def test_state_dict_keys_and_round_trip() -> None:
 
 def test_errors() -> None:
     with pytest.raises(ConfigError, match=r"tables\[0\] must be an EmbeddingConfig"):
-        EmbeddingCollection([EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=4)])
-    ec = EmbeddingCollection(tables())
+        fused_ec([EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=4)])
+    ec = fused_ec(tables())
     batch = random_batch({"x": 20, "y": 20, "z": 10}, 2, torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="no feature 'w'"):
         ec(batch.kjt())

@@ -10,12 +10,20 @@ program that baked in the first batch's data would fail. ``torch.compile`` uses 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch._dynamo
 
 import rectrain.fx
-from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
+from rectrain import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    FusedOptimizerConfig,
+)
 from rectrain.models.dlrm import DLRM
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
@@ -41,25 +49,26 @@ def batch(seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor.from_lengths_sync(keys=["f1", "f2", "f3"], values=ids, lengths=lengths)
 
 
-def ebc() -> EmbeddingBagCollection:
+def ebc(fused: FusedOptimizerConfig | None = None) -> EmbeddingBagCollection:
     torch.manual_seed(0)
-    return EmbeddingBagCollection(tables=tables())
+    return EmbeddingBagCollection(tables=tables(), fused_optimizer=fused)
 
 
-def ec() -> EmbeddingCollection:
+def ec(fused: FusedOptimizerConfig | None = None) -> EmbeddingCollection:
     torch.manual_seed(0)
     return EmbeddingCollection(
         tables=[
             EmbeddingConfig(name="t1", embedding_dim=8, num_embeddings=20, feature_names=["f1", "f3"]),
             EmbeddingConfig(name="t2", embedding_dim=4, num_embeddings=20, feature_names=["f2"]),
-        ]
+        ],
+        fused_optimizer=fused,
     )
 
 
-def dlrm() -> DLRM:
+def dlrm(fused: FusedOptimizerConfig | None = None) -> DLRM:
     torch.manual_seed(0)
     return DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=tables()),
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables(), fused_optimizer=fused),
         dense_in_features=3,
         dense_arch_layer_sizes=[8],
         over_arch_layer_sizes=[4, 1],
@@ -69,7 +78,9 @@ def dlrm() -> DLRM:
 def inputs(name: str, seed: int) -> tuple:
     kjt = batch(seed)
     return (
-        (torch.rand(B, 3, generator=torch.Generator().manual_seed(seed)), kjt) if name == "dlrm" else (kjt,)
+        (torch.rand(B, 3, generator=torch.Generator().manual_seed(seed)), kjt)
+        if name.endswith("dlrm")
+        else (kjt,)
     )
 
 
@@ -82,7 +93,14 @@ def flat(out) -> torch.Tensor:
     return out
 
 
-MODELS = {"ebc": ebc, "ec": ec, "dlrm": dlrm}
+# Built as TorchRec builds them (tables are parameters) and on the fused FBGEMM path.
+MODELS = {
+    **{"ebc": ebc, "ec": ec, "dlrm": dlrm},
+    **{
+        f"fused_{n}": partial(f, FusedOptimizerConfig())
+        for n, f in {"ebc": ebc, "ec": ec, "dlrm": dlrm}.items()
+    },
+}
 
 
 def check_runs_like_eager(model: torch.nn.Module, traced, name: str) -> None:
@@ -101,7 +119,7 @@ def test_fx_symbolic_trace(name):
 
 def test_fx_graph_of_ebc_trains_through_the_fused_optimizer():
     """The FBGEMM lookup is one node of the fx graph, so backward through the graph updates the tables."""
-    model, reference = ebc(), ebc()
+    model, reference = ebc(FusedOptimizerConfig()), ebc(FusedOptimizerConfig())
     graph = torch.fx.symbolic_trace(model)
     kjt = batch(3)
     graph(kjt).values().sum().backward()
@@ -109,7 +127,7 @@ def test_fx_graph_of_ebc_trains_through_the_fused_optimizer():
     for table in ("t1", "t2"):
         updated = model.embedding_bags[table].weight
         torch.testing.assert_close(updated, reference.embedding_bags[table].weight)
-        assert not torch.equal(updated, ebc().embedding_bags[table].weight)
+        assert not torch.equal(updated, ebc(FusedOptimizerConfig()).embedding_bags[table].weight)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -131,7 +149,7 @@ def test_torch_compile_fullgraph(name):
 def test_export_of_a_weighted_ebc_pools_like_fbgemm():
     """Weighted SUM and weighted MEAN (rectrain divides by the bag length) in plain ops match FBGEMM."""
     torch.manual_seed(0)
-    model = EmbeddingBagCollection(tables=tables(), is_weighted=True)
+    model = EmbeddingBagCollection(tables=tables(), is_weighted=True, fused_optimizer=FusedOptimizerConfig())
 
     def weighted(seed: int) -> KeyedJaggedTensor:
         kjt = batch(seed)

@@ -49,6 +49,8 @@ def test_fused_optimizer_is_keyed_with_readable_state_names() -> None:
     fused = model.ebc.fused_optimizer
     assert isinstance(fused, FusedEmbeddingOptimizer)
     train_step(model, combined(model), seed=0)
+    assert "param_groups" not in fused.state_dict()  # TorchRec saves them only when asked
+    fused.save_param_groups(True)
     state = fused.state_dict()
     assert sorted(state["state"]) == ["embedding_bags.t0.weight", "embedding_bags.t1.weight"]
     assert sorted(state["state"]["embedding_bags.t1.weight"]) == ["t1.momentum1"]
@@ -84,7 +86,7 @@ def test_combined_optimizer_steps_zeroes_and_exposes_all_groups() -> None:
     train_step(model, optimizer, seed=1)
     assert not torch.equal(model.linear.weight, dense_before)
     assert not torch.equal(model.ebc.embedding_bags["t0"].weight, table_before)
-    optimizer.zero_grad()
+    optimizer.zero_grad(set_to_none=True)
     assert model.linear.weight.grad is None
 
 
@@ -97,8 +99,14 @@ def test_combined_state_dict_round_trip_restores_state_and_training(kind: str) -
         train_step(model, optimizer, seed)
     saved_model = copy.deepcopy(model.state_dict())
     saved_opt = copy.deepcopy(optimizer.state_dict())
-    assert sorted(saved_opt) == ["dense", "sparse"]
-    saved_t0 = saved_opt["sparse"]["state"]["embedding_bags.t0.weight"]
+    # One keyed state dict, TorchRec's: member name + "." + key (a plain torch member keyed by position).
+    assert sorted(saved_opt["state"]) == [
+        "dense.0.0",
+        "dense.0.1",
+        "sparse.embedding_bags.t0.weight",
+        "sparse.embedding_bags.t1.weight",
+    ]
+    saved_t0 = saved_opt["state"]["sparse.embedding_bags.t0.weight"]
     first = "t0.momentum1" if kind == "rowwise_adagrad" else "t0.exp_avg_sq"
     assert saved_t0[first].abs().sum() > 0
 
@@ -107,7 +115,7 @@ def test_combined_state_dict_round_trip_restores_state_and_training(kind: str) -
     restored_opt = combined(restored)
     restored.load_state_dict(saved_model)
     restored_opt.load_state_dict(saved_opt)
-    state = restored_opt.state_dict()["sparse"]["state"]["embedding_bags.t0.weight"]
+    state = restored_opt.state_dict()["state"]["sparse.embedding_bags.t0.weight"]
     for name, value in saved_t0.items():
         torch.testing.assert_close(state[name], value, rtol=0, atol=0)
     train_step(model, optimizer, seed=9)
@@ -145,10 +153,14 @@ def test_fixed_hyper_parameters_and_bad_members_raise() -> None:
     model = Model()
     with pytest.raises(ValueError, match="eps of a fused embedding optimizer is fixed"):
         model.ebc.fused_optimizer.param_groups[0]["eps"] = 0.1
-    with pytest.raises(TypeError, match=r"optims\[0\] must be a \(name, torch.optim.Optimizer\) pair"):
+    with pytest.raises(TypeError, match=r"optims\[0\] must be an optimizer or a \(name, optimizer\) pair"):
         CombinedOptimizer([("dense", model.linear)])
     dense = torch.optim.SGD(model.linear.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="names must be unique"):
-        CombinedOptimizer([("a", dense), ("a", model.ebc.fused_optimizer)])
-    with pytest.raises(ValueError, match=r"missing keys \['sparse'\]"):
-        combined(model).load_state_dict({"dense": dense.state_dict()})
+    with pytest.raises(ValueError, match="Duplicate param key a.0.0"):
+        CombinedOptimizer([("a", dense), ("a", dense)])
+    optimizer = combined(model)
+    train_step(model, optimizer, seed=0)
+    saved = optimizer.state_dict()
+    del saved["state"]["sparse.embedding_bags.t1.weight"]
+    with pytest.raises(ValueError, match="Different parameter count: 2 vs 1"):
+        optimizer.load_state_dict(saved)

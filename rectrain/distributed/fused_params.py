@@ -1,0 +1,186 @@
+"""The optimizer of a collection's sharded tables, taken the way TorchRec takes it, or refused.
+
+A sharded table is updated inside backward by a fused kernel, so its optimizer must be known when the
+collection is sharded. TorchRec reads it, per table, from the optimizer ``apply_optimizer_in_backward`` put on
+the table's weight (``_optimizer_classes`` / ``_optimizer_kwargs``) over the sharder's ``fused_params``; with
+neither it trains with FBGEMM's default, exact SGD at learning rate 0.01. rectrain does the same, with these
+rules so that nothing changes silently:
+
+- a collection built with ``fused_optimizer=`` (rectrain's own way) keeps it; giving another one is refused;
+- a value rectrain's kernels cannot honour (an optimizer without a kernel, momentum, amsgrad, ...) is refused
+  with the field named;
+- one collection trains with one optimizer: tables that were given different ones are refused;
+- FBGEMM's default is logged as a warning, naming how to choose another.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rectrain.embedding.config import BaseEmbeddingConfig, EmbOptimType, FusedOptimizerConfig
+from rectrain.errors import ConfigError
+from rectrain.optim import optimizers as trec_optimizers
+from rectrain.optim.rowwise_adagrad import RowWiseAdagrad
+
+logger = logging.getLogger(__name__)
+
+_CLASSES: dict[type, EmbOptimType] = {
+    torch.optim.SGD: EmbOptimType.SGD,
+    torch.optim.Adagrad: EmbOptimType.ADAGRAD,
+    torch.optim.Adam: EmbOptimType.ADAM,
+    trec_optimizers.SGD: EmbOptimType.SGD,
+    trec_optimizers.Adagrad: EmbOptimType.ADAGRAD,
+    trec_optimizers.Adam: EmbOptimType.ADAM,
+    RowWiseAdagrad: EmbOptimType.ROWWISE_ADAGRAD,
+}
+# FBGEMM's EmbOptimType names (TorchRec's fused_params["optimizer"]) -> the kernel rectrain runs.
+_FBGEMM_NAMES = {
+    "EXACT_SGD": EmbOptimType.SGD,
+    "SGD": EmbOptimType.SGD,
+    "EXACT_ADAGRAD": EmbOptimType.ADAGRAD,
+    "ADAGRAD": EmbOptimType.ADAGRAD,
+    "EXACT_ROWWISE_ADAGRAD": EmbOptimType.ROWWISE_ADAGRAD,
+    "ROWWISE_ADAGRAD": EmbOptimType.ROWWISE_ADAGRAD,
+    "ADAM": EmbOptimType.ADAM,
+}
+_FIELDS = {
+    "learning_rate": "lr",
+    "lr": "lr",
+    "eps": "eps",
+    "weight_decay": "weight_decay",
+    "beta1": "beta1",
+    "beta2": "beta2",
+}
+# Arguments that change nothing rectrain's kernels do, at the values given (torch's and FBGEMM's defaults).
+_NEUTRAL = {
+    "momentum": 0,
+    "dampening": 0,
+    "nesterov": False,
+    "amsgrad": False,
+    "maximize": False,
+    "lr_decay": 0,
+    "initial_accumulator_value": 0,
+    "foreach": None,
+    "fused": None,
+    "differentiable": False,
+    "capturable": False,
+    "weight_decay_mode": None,
+    "stochastic_rounding": True,
+}
+FBGEMM_DEFAULT = FusedOptimizerConfig(optimizer=EmbOptimType.SGD, lr=0.01)
+
+
+def _optimizer_type(value: Any, where: str) -> EmbOptimType:
+    if isinstance(value, EmbOptimType):
+        return value
+    name = getattr(value, "name", str(value)).upper()
+    if name in _FBGEMM_NAMES:
+        return _FBGEMM_NAMES[name]
+    raise ConfigError(f"{where}: optimizer {name} has no rectrain kernel; use one of {sorted(_FBGEMM_NAMES)}")
+
+
+def config_from_fused_params(params: Mapping[str, Any], where: str) -> FusedOptimizerConfig:
+    """A ``FusedOptimizerConfig`` from TorchRec ``fused_params`` (FBGEMM's argument names); unknown or
+    unsupported entries raise ConfigError naming them."""
+    values: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "optimizer":
+            values["optimizer"] = _optimizer_type(value, where)
+        elif key in _FIELDS:
+            values[_FIELDS[key]] = float(value)
+        elif key == "betas":
+            values["beta1"], values["beta2"] = (float(b) for b in value)
+        elif key == "weight_decay_mode" and getattr(value, "name", str(value)).upper() in ("NONE", "L2"):
+            continue  # rectrain's kernels apply weight_decay as L2, FBGEMM's mode for torch's weight_decay
+        elif key in _NEUTRAL and value == _NEUTRAL[key]:
+            continue
+        else:
+            raise ConfigError(
+                f"{where}: {key}={value!r} is not supported by rectrain's fused embedding kernels"
+            )
+    return FusedOptimizerConfig(**values)
+
+
+def in_backward_params(weight: torch.Tensor, where: str) -> dict[str, Any] | None:
+    """The fused params ``apply_optimizer_in_backward`` put on ``weight`` (None if it put none)."""
+    classes = getattr(weight, "_optimizer_classes", None)
+    if not classes:
+        return None
+    kwargs = getattr(weight, "_optimizer_kwargs", [{}])
+    if len(classes) != 1 or len(kwargs) != 1:
+        raise ConfigError(f"{where}: {len(classes)} in-backward optimizers; a sharded table takes one")
+    cls = classes[0]
+    if cls not in _CLASSES:
+        names = sorted(c.__module__.split(".")[0] + "." + c.__name__ for c in _CLASSES)
+        raise ConfigError(
+            f"{where}: in-backward optimizer {cls.__name__} has no fused kernel; use one of {names}"
+        )
+    return {"optimizer": _CLASSES[cls], **kwargs[0]}
+
+
+def resolve(
+    path: str,
+    explicit: FusedOptimizerConfig | None,
+    weights: Mapping[str, torch.Tensor],
+    sharder_params: Mapping[str, Any] | None,
+) -> FusedOptimizerConfig:
+    """The optimizer the sharded tables of the collection at ``path`` train with (see the module doc).
+
+    Args:
+        path: the collection's module path (for messages).
+        explicit: the collection's ``fused_optimizer=`` (rectrain's way), or None.
+        weights: table name -> the unsharded weight (where ``apply_optimizer_in_backward`` left its marks).
+        sharder_params: the matching sharder's ``fused_params``.
+    """
+    where = f"embedding collection {path or '<root>'!r}"
+    per_table = {name: in_backward_params(w, f"{where}, table {name!r}") for name, w in weights.items()}
+    given = {name: p for name, p in per_table.items() if p is not None}
+    if explicit is not None:
+        if given or sharder_params:
+            raise ConfigError(
+                f"{where} was built with fused_optimizer=...; it also got an optimizer through "
+                f"{'apply_optimizer_in_backward' if given else 'the sharder fused_params'}: give it one way"
+            )
+        return explicit
+    _check_one_optimizer(where, per_table)
+    merged = {**(sharder_params or {}), **(next(iter(given.values())) if given else {})}
+    if not merged:
+        logger.warning(
+            "%s: no optimizer given for its sharded tables; training them with FBGEMM's default as TorchRec "
+            "does (exact SGD, lr 0.01). Choose one with apply_optimizer_in_backward(...) on the tables or "
+            "the sharder's fused_params",
+            where,
+        )
+        return FBGEMM_DEFAULT
+    return config_from_fused_params(merged, where)
+
+
+def _check_one_optimizer(where: str, per_table: Mapping[str, dict[str, Any] | None]) -> None:
+    distinct: list[dict[str, Any] | None] = []
+    for params in per_table.values():
+        if params not in distinct:
+            distinct.append(params)
+    if len(distinct) > 1:
+        by_table = {name: _describe(p) for name, p in per_table.items()}
+        raise ConfigError(
+            f"{where}: its tables were given different in-backward optimizers {by_table}; a sharded "
+            "collection trains all its tables with one optimizer"
+        )
+
+
+def _describe(params: dict[str, Any] | None) -> str:
+    if params is None:
+        return "none"
+    return ", ".join(f"{k}={getattr(v, 'value', v)}" for k, v in params.items())
+
+
+def table_weights(
+    tables: Sequence[BaseEmbeddingConfig], module: Any, attribute: str
+) -> dict[str, torch.Tensor]:
+    """``{table name: weight}`` of an unsharded collection (``attribute``: embedding_bags or embeddings)."""
+    tables_module = getattr(module, attribute)
+    return {t.name: tables_module[t.name].weight for t in tables}

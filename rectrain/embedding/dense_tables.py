@@ -1,0 +1,168 @@
+"""Tables as plain parameters with gradients: the collections built without ``fused_optimizer=``.
+
+TorchRec's unsharded ``EmbeddingBagCollection`` / ``EmbeddingCollection`` hold each table in an
+``nn.EmbeddingBag`` / ``nn.Embedding``: backward writes a dense ``.grad`` into the table and the user's
+optimizer updates it (Adam, weight decay, LR schedulers, gradient clipping, ``apply_optimizer_in_backward``).
+A collection built without ``fused_optimizer=`` does exactly that, with the same torch ops, so TorchRec code
+trains the same model. The fused FBGEMM path (``fused_tables``) is the explicit choice for speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rectrain.embedding.config import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, PoolingType
+from rectrain.embedding.feature_routing import KJTLike
+from rectrain.errors import ConfigError
+from rectrain.sparse import JaggedTensor
+
+_DTYPES = {DataType.FP32: torch.float32, DataType.FP16: torch.float16, DataType.BF16: torch.bfloat16}
+
+
+def _dtype(table: BaseEmbeddingConfig) -> torch.dtype:
+    if table.data_type not in _DTYPES:
+        names = ", ".join(d.value for d in _DTYPES)
+        raise ConfigError(
+            f"table {table.name!r}: data_type {table.data_type.value} cannot be trained; use one of {names} "
+            "(quantized types are for serving)"
+        )
+    return _DTYPES[table.data_type]
+
+
+def _empty(table: BaseEmbeddingConfig, device: torch.device) -> Tensor:
+    # Passing the storage skips nn.Embedding's own normal_() draw: reset_dense() draws every table once.
+    return torch.empty(table.num_embeddings, table.embedding_dim, dtype=_dtype(table), device=device)
+
+
+def _bag_mode(table: EmbeddingBagConfig, is_weighted: bool) -> str:
+    # torch pools per-sample weights only with "sum"; weighted MEAN is SUM divided by the bag length.
+    if table.pooling is PoolingType.MEAN and not is_weighted:
+        return "mean"
+    return "sum"
+
+
+def dense_bags(
+    tables: Sequence[EmbeddingBagConfig], is_weighted: bool, device: torch.device
+) -> nn.ModuleDict:
+    """``{table name: nn.EmbeddingBag}``; state-dict keys ``<table>.weight`` as TorchRec's."""
+    return nn.ModuleDict(
+        {
+            t.name: nn.EmbeddingBag(
+                t.num_embeddings,
+                t.embedding_dim,
+                mode=_bag_mode(t, is_weighted),
+                include_last_offset=True,
+                _weight=_empty(t, device),
+            )
+            for t in tables
+        }
+    )
+
+
+def dense_embeddings(tables: Sequence[BaseEmbeddingConfig], device: torch.device) -> nn.ModuleDict:
+    """``{table name: nn.Embedding}``; state-dict keys ``<table>.weight`` as TorchRec's."""
+    return nn.ModuleDict(
+        {t.name: nn.Embedding(t.num_embeddings, t.embedding_dim, _weight=_empty(t, device)) for t in tables}
+    )
+
+
+@torch.no_grad()
+def reset_dense(tables: Sequence[BaseEmbeddingConfig], modules: nn.ModuleDict) -> None:
+    """Draw every table uniformly in [weight_init_min, weight_init_max], tables in config order.
+
+    Drawn on the CPU from torch's default generator, as the fused tables are, so one seed gives the same
+    weights whether a collection is fused or not.
+    """
+    for table in tables:
+        weight = modules[table.name].weight
+        if weight.is_meta:
+            continue
+        values = torch.empty(weight.shape, dtype=torch.float32)
+        values.uniform_(table.get_weight_init_min(), table.get_weight_init_max())
+        weight.copy_(values)
+
+
+def _feature(
+    by_key: dict[str, JaggedTensor], name: str, tables: Sequence[BaseEmbeddingConfig]
+) -> JaggedTensor:
+    if name not in by_key:
+        wanted = sorted({f for t in tables for f in t.feature_names})
+        raise ValueError(
+            f"KeyedJaggedTensor has no feature {name!r}; the collection reads {wanted} and the input has "
+            f"keys {list(by_key)}"
+        )
+    return by_key[name]
+
+
+def _lookup(
+    module: nn.Module, table: BaseEmbeddingConfig, feature: str, ids: Tensor, *args, **kwargs
+) -> Tensor:
+    """``module(ids, ...)``; an id outside the table is named (only checked after torch refused it)."""
+    try:
+        return module(ids, *args, **kwargs)
+    except (IndexError, RuntimeError) as error:
+        bad = ids[(ids < 0) | (ids >= table.num_embeddings)]
+        if bad.numel():
+            raise ValueError(
+                f"feature {feature!r}: id {int(bad[0])} is out of range for its table "
+                f"(num_embeddings={table.num_embeddings}); ids must lie in [0, {table.num_embeddings})"
+            ) from error
+        raise
+
+
+def _offsets(jt: JaggedTensor, values: Tensor) -> Tensor:
+    # torch's embedding_bag wants ids and offsets of one integer type.
+    offsets = jt.offsets()
+    return offsets if offsets.dtype == values.dtype else offsets.to(values.dtype)
+
+
+@torch.fx.wrap
+def dense_pooled(
+    bags: nn.ModuleDict,
+    tables: Sequence[EmbeddingBagConfig],
+    features: KJTLike,
+    is_weighted: bool,
+) -> Tensor:
+    """``[batch, sum of dims]`` float32: each table's features pooled in table order (TorchRec's forward)."""
+    if is_weighted and features.weights_or_none() is None:
+        raise ValueError(
+            "this collection is weighted (is_weighted=True) but the KeyedJaggedTensor has no weights"
+        )
+    by_key = features.to_dict()
+    pooled = []
+    for table in tables:
+        bag = bags[table.name]
+        for name in table.feature_names:
+            jt = _feature(by_key, name, tables)
+            values = jt.values()
+            weights = jt.weights_or_none() if is_weighted else None
+            offsets = _offsets(jt, values)
+            out = _lookup(bag, table, name, values, offsets, per_sample_weights=weights).float()
+            if is_weighted and table.pooling is PoolingType.MEAN:
+                out = out / jt.lengths().clamp(min=1).to(out.dtype).unsqueeze(1)
+            pooled.append(out)
+    return torch.cat(pooled, dim=1)
+
+
+@torch.fx.wrap
+def dense_sequence(
+    embeddings: nn.ModuleDict,
+    tables: Sequence[BaseEmbeddingConfig],
+    names_by_table: Sequence[Sequence[str]],
+    features: KJTLike,
+    need_indices: bool,
+) -> dict[str, JaggedTensor]:
+    """``{embedding name: JaggedTensor}`` with float32 ``[num ids, dim]`` values (TorchRec's forward)."""
+    by_key = features.to_dict()
+    out: dict[str, JaggedTensor] = {}
+    for table, names in zip(tables, names_by_table):
+        for feature, name in zip(table.feature_names, names):
+            jt = _feature(by_key, feature, tables)
+            values = _lookup(embeddings[table.name], table, feature, jt.values()).float()
+            out[name] = JaggedTensor(
+                values=values, lengths=jt.lengths(), weights=jt.values() if need_indices else None
+            )
+    return out

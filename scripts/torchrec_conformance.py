@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Run TorchRec's own unit tests and example programs against rectrain, with only their imports changed.
+
+Given a TorchRec source tree (``git clone https://github.com/meta-pytorch/torchrec``, tag v1.8.0; nothing of
+it is copied into this repository), each chosen test file and example is copied into a temporary directory
+with ``torchrec`` imports rewritten to ``rectrain`` (``import torchrec`` becomes ``import rectrain as
+torchrec``, so attribute paths in the code still resolve), then run; a line per file says what passed.
+
+    python scripts/torchrec_conformance.py --torchrec-src ~/src/torchrec          # the default set
+    python scripts/torchrec_conformance.py --torchrec-src ~/src/torchrec \
+        --tests torchrec/optim/tests/test_keyed.py --examples
+    python scripts/torchrec_conformance.py --torchrec-src ~/src/torchrec \
+        --package torchrec --python <torchrec venv>/bin/python                   # TorchRec's own counts
+
+``--package torchrec`` runs the same files unchanged (with TorchRec's venv as ``--python``): the reference
+counts. Examples run with reduced sizes through their own arguments (``EXAMPLES`` below) on CPU and gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The unit-test files of issue 36 (each passes under TorchRec 1.8.0 on CPU).
+TESTS = [
+    "torchrec/modules/tests/test_embedding_modules.py",
+    "torchrec/modules/tests/test_crossnet.py",
+    "torchrec/modules/tests/test_mlp.py",
+    "torchrec/modules/tests/test_deepfm.py",
+    "torchrec/optim/tests/test_rowwise_adagrad.py",
+    "torchrec/optim/tests/test_optim.py",
+    "torchrec/optim/tests/test_warmup.py",
+    "torchrec/optim/tests/test_clipping.py",
+    "torchrec/optim/tests/test_keyed.py",
+    "torchrec/distributed/planner/tests/test_enumerators.py",
+    "torchrec/distributed/tests/test_embedding_sharding.py",
+    "torchrec/distributed/tests/test_embedding_types.py",
+    "torchrec/datasets/tests/test_criteo.py",
+    "torchrec/datasets/tests/test_movielens.py",
+    "torchrec/datasets/tests/test_random.py",
+    "torchrec/datasets/tests/test_utils.py",
+]
+
+_SMALL = "num_embeddings=1000, embedding_dim=16, num_iterations=20"
+# name -> (directory copied, ranks, python statement run in that directory's parent).
+EXAMPLES = {
+    "golden_training/train_dlrm.py@1": (
+        "golden_training",
+        1,
+        f"from golden_training.train_dlrm import train; train({_SMALL})",
+    ),
+    "golden_training/train_dlrm.py@2": (
+        "golden_training",
+        2,
+        f"from golden_training.train_dlrm import train; train({_SMALL})",
+    ),
+    "golden_training/train_dlrm_data_parallel.py@2": (
+        "golden_training",
+        2,
+        f"from golden_training.train_dlrm_data_parallel import train; train({_SMALL})",
+    ),
+    "prediction/predict_using_torchrec.py": (
+        "prediction",
+        0,
+        "from prediction.predict_using_torchrec import main; main()",
+    ),
+    "retrieval/two_tower_train.py@1": (
+        "retrieval",
+        1,
+        "import sys, types; sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "sys.modules.setdefault('faiss.contrib', types.ModuleType('faiss.contrib')); "
+        "sys.modules.setdefault('faiss.contrib.torch_utils', types.ModuleType('faiss.contrib.torch_utils')); "
+        "import retrieval.two_tower_train as t; t.get_index = lambda **k: types.SimpleNamespace("
+        "train=lambda x: None, add=lambda x: None); "
+        "t.train(num_embeddings=1000, embedding_dim=16, num_iterations=20)",
+    ),
+    "zch/main.py": (
+        "zch",
+        0,
+        "import sys, runpy; sys.argv = ['main', '--num_iters', '20']; "
+        "runpy.run_module('zch.main', run_name='__main__')",
+    ),
+}
+
+_FROM = re.compile(r"^(\s*)from torchrec(\.|\s)", re.MULTILINE)
+_IMPORT_AS = re.compile(r"^(\s*)import torchrec(\.[\w.]+)? as ", re.MULTILINE)
+_IMPORT = re.compile(r"^(\s*)import torchrec(\.[\w.]+)?\s*$", re.MULTILINE)
+
+
+def rewrite(source: str, package: str) -> str:
+    """``source`` with its ``torchrec`` imports pointing at ``package`` (nothing else changes)."""
+    if package == "torchrec":
+        return source
+    source = _FROM.sub(lambda m: f"{m.group(1)}from {package}{m.group(2)}", source)
+    source = _IMPORT_AS.sub(lambda m: f"{m.group(1)}import {package}{m.group(2) or ''} as ", source)
+    # "import torchrec.x.y" binds the name torchrec: keep it bound, to the package.
+    return _IMPORT.sub(
+        lambda m: f"{m.group(1)}import {package}{m.group(2) or ''}; import {package} as torchrec", source
+    )
+
+
+def copy_rewritten(src: Path, dst: Path, package: str) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        for path in src.rglob("*.py"):
+            copy_rewritten(path, dst / path.relative_to(src), package)
+        return
+    dst.write_text(rewrite(src.read_text(), package))
+
+
+def _env(package: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOCAL_RANK="0")
+    env.pop("PYTHONPATH", None)
+    if package == "rectrain":
+        env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def run_test(src: Path, relative: str, work: Path, python: str, package: str, timeout: int) -> dict:
+    target = work / relative.replace("/", "_")
+    copy_rewritten(src / relative, target, package)
+    report = target.with_suffix(".xml")
+    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(target)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=_env(package), cwd=work
+        )
+        tail = (done.stdout + done.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        return {"file": relative, "error": f"timed out after {timeout} s"}
+    if not report.exists():
+        return {"file": relative, "error": tail}
+    if "ERROR collecting" in tail:
+        # The file did not import: count its tests (functions named test_*) as failed, name the cause.
+        missing = re.findall(r"^E\s+(\w*Error: .*)$", done.stdout + done.stderr, re.MULTILINE)
+        count = len(re.findall(r"^\s*def test_", (src / relative).read_text(), re.MULTILINE))
+        return {
+            "file": relative,
+            "passed": 0,
+            "failed": count,
+            "skipped": 0,
+            "failing": missing[:1],
+            "tail": tail,
+        }
+    suite = ElementTree.parse(report).getroot().find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        case.get("name")
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {
+        "file": relative,
+        "passed": passed,
+        "failed": counts["failures"] + counts["errors"],
+        "skipped": counts["skipped"],
+        "failing": failed,
+        "tail": tail if not passed else "",
+    }
+
+
+def run_example(src: Path, name: str, work: Path, python: str, package: str, timeout: int) -> dict:
+    folder, ranks, statement = EXAMPLES[name]
+    run_dir = work / name.replace("/", "_").replace("@", "_")
+    copy_rewritten(src / "examples" / folder, run_dir / folder, package)
+    (run_dir / folder / "__init__.py").touch()
+    if ranks:
+        torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+        command = [*torchrun, "--no-python", python, "-c", statement]
+    else:
+        command = [python, "-c", statement]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=_env(package), cwd=run_dir
+        )
+    except subprocess.TimeoutExpired:
+        return {"file": name, "error": f"timed out after {timeout} s"}
+    output = done.stdout + done.stderr
+    return {
+        "file": name,
+        "passed": int(done.returncode == 0),
+        "failed": int(done.returncode != 0),
+        "tail": output[-3000:],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--torchrec-src", type=Path, required=True, help="a TorchRec source tree (v1.8.0)")
+    parser.add_argument(
+        "--tests", nargs="*", default=None, help="test files relative to the tree (default: TESTS)"
+    )
+    parser.add_argument(
+        "--examples", nargs="*", default=None, help=f"example names (default: all of {sorted(EXAMPLES)})"
+    )
+    parser.add_argument("--package", default="rectrain", choices=["rectrain", "torchrec"])
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs them")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per file")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--verbose", action="store_true", help="print the output tail of failing files")
+    args = parser.parse_args()
+    src = args.torchrec_src.resolve()
+    if not (src / "torchrec").is_dir():
+        parser.error(f"--torchrec-src {src} holds no torchrec/ package")
+    tests = TESTS if args.tests is None else args.tests
+    examples = sorted(EXAMPLES) if args.examples is None else args.examples
+    results = []
+    with tempfile.TemporaryDirectory(prefix="torchrec-conformance-") as tmp:
+        work = Path(tmp)
+        for relative in tests:
+            results.append(run_test(src, relative, work, args.python, args.package, args.timeout))
+            _print(results[-1], args.verbose)
+        for name in examples:
+            results.append(run_example(src, name, work, args.python, args.package, args.timeout))
+            _print(results[-1], args.verbose)
+    passed = sum(r.get("passed", 0) for r in results if r["file"] in tests)
+    total = sum(r.get("passed", 0) + r.get("failed", 0) for r in results if r["file"] in tests)
+    print(
+        f"unit tests: {passed}/{total} passed; examples: "
+        f"{sum(r.get('passed', 0) for r in results if r['file'] in examples)}/{len(examples)} ran"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0 if all(not r.get("failed") and "error" not in r for r in results) else 1
+
+
+def _print(result: dict, verbose: bool) -> None:
+    if "error" in result:
+        print(f"ERROR   {result['file']}: {result['error'][-300:]}")
+        return
+    status = "passed" if not result["failed"] else "FAILED"
+    skipped = f", {result['skipped']} skipped" if result.get("skipped") else ""
+    print(f"{status:7} {result['file']}: {result['passed']} passed, {result['failed']} failed{skipped}")
+    if verbose and result.get("failing"):
+        print("        failing: " + ", ".join(result["failing"]))
+    if verbose and result["failed"] and result.get("tail"):
+        print("        " + result["tail"][-1500:].replace("\n", "\n        "))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
