@@ -154,7 +154,9 @@ class CheckpointConfig:
 
     ``dir = ""`` turns saving off. ``keep_last`` counts the most recently saved checkpoints. With ``resume =
     false`` a directory that already holds checkpoints is refused unless ``overwrite`` (``rectrain train
-    --overwrite``), which deletes them at the start.
+    --overwrite``), which deletes them at the start; so is a resume on other data than the checkpoints'
+    (``data.paths`` or their sizes). ``overwrite`` starts afresh on the job's first attempt; torchrun's
+    restarts of it (``TORCHELASTIC_RESTART_COUNT`` > 0) resume from what the earlier attempt saved.
     """
 
     dir: str | None = None

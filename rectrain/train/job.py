@@ -31,7 +31,7 @@ from rectrain.train.dense_range import DenseRange
 from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
-from rectrain.train.preflight import check_run_paths
+from rectrain.train.preflight import check_converted_parts, check_run_paths
 from rectrain.train.progress import ProgressReporter
 from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
@@ -96,10 +96,12 @@ class TrainJob:
         return AgreedBatches(stream, self.agreement, stop)
 
     def _preflight(self) -> None:
-        """Every configured path checked on every rank before anything trains; all ranks fail together."""
+        """Every configured path checked on every rank before anything trains (converted parts' sha256 shared
+        out between the ranks); all ranks fail together."""
         error: ConfigError | None = None
         try:
             check_run_paths(self.config)
+            check_converted_parts(self.config, self.rank, self.world_size)
         except ConfigError as e:
             error = e
         if self.agreement.any_rank(error is not None):
@@ -119,6 +121,9 @@ class TrainJob:
             enabled=self.rank == 0,
             bar=self.progress_bar,
         )
+        attempt = checkpointing.restart_count()
+        if position.step or attempt:  # marks where the log's steps start again (a failed attempt logged more)
+            reporter.write({"event": "resume", "step": position.step, "attempt": attempt})
         pipeline_type = TrainPipelineSparseDist if cfg.train.pipeline else TrainPipelineBase
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
         summary = TrainSummary(start=position, end=position)
@@ -164,7 +169,7 @@ class TrainJob:
             except StopIteration:
                 return
             except Exception:
-                if batches.failed:  # every rank failed to read at this step: keep what was trained
+                if batches.failed and position.step:  # every rank failed to read: keep what was trained
                     logger.error("reading the next batch failed; checkpointing step %d first", position.step)
                     self._checkpoint(position, reporter)
                 raise
