@@ -129,7 +129,8 @@ class PlannerConfig:
 class TrainConfig:
     """The loop: per-rank batch size, length (``steps`` or ``epochs``), evaluation and logging cadence.
 
-    ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it).
+    ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it), the
+    record of the run; ``tensorboard_dir`` also sends its metrics to TensorBoard (needs ``tensorboard``).
     ``collective_timeout_s``: how long a rank waits for its peers in a collective before it fails with an
     error naming the ranks that did not arrive (a hung or dead rank).
     """
@@ -143,6 +144,7 @@ class TrainConfig:
     pipeline: bool = True
     log_every: int = field(default=10, metadata=positive())
     metrics_log: str | None = None
+    tensorboard_dir: str | None = None
     device: str = field(default="auto", metadata=choices("auto", "cpu", "cuda"))
     recall_k: int = field(default=10, metadata=positive())
     collective_timeout_s: float = field(default=600.0, metadata=positive())

@@ -120,6 +120,7 @@ class TrainJob:
             metrics_log=cfg.train.metrics_log,
             enabled=self.rank == 0,
             bar=self.progress_bar,
+            tensorboard_dir=cfg.train.tensorboard_dir,
         )
         attempt = checkpointing.restart_count()
         if position.step or attempt:  # marks where the log's steps start again (a failed attempt logged more)

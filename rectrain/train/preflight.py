@@ -22,6 +22,7 @@ from rectrain.datasets.sniff import sniff_text_file
 from rectrain.durable import sha256_file
 from rectrain.errors import ConfigError, RecTrainError
 from rectrain.train.config import RunConfig
+from rectrain.train.tensorboard import summary_writer_class
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +52,18 @@ def check_run_paths(config: RunConfig, *, training: bool = True) -> None:
         _check_same_data(config)
     if log:
         _check_writable_file(Path(log), f"{src}: train.metrics_log")
+    board = config.train.tensorboard_dir
+    if board:
+        summary_writer_class(f"{src}: train.tensorboard_dir")
+        _check_writable_dir(Path(board), f"{src}: train.tensorboard_dir")
     # Then write where the run will write (os.access says yes to root even under /proc), creating the
     # directories, which are left for the run.
     if ckpt_dir:
         _probe_dir(Path(ckpt_dir), f"{src}: checkpoint.dir")
     if log:
         _probe_file(Path(log), f"{src}: train.metrics_log")
+    if board:
+        _probe_dir(Path(board), f"{src}: train.tensorboard_dir")
 
 
 def check_converted_parts(config: RunConfig, rank: int = 0, world_size: int = 1) -> None:
