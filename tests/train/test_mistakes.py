@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rectrain.cli import main
-from tests.train.test_job import events, write_criteo
-from tests.train.test_preflight import _criteo_args, _one_line_error, events_or_none
+from tests.distributed.multiprocess import run_multiprocess
+from tests.train.test_job import SMALL_CRITEO_MODEL, events, write_criteo
+from tests.train.test_preflight import CRITEO, _criteo_args, _one_line_error, events_or_none
 
 BATCH = 64
 
@@ -227,3 +228,36 @@ def test_a_resume_on_the_same_data_is_marked_too(tmp_path):
         "source": "criteo",
         "paths": [[str(data), data.stat().st_size]],
     }
+
+
+def _preflight_rank(env, overrides: list[str]) -> str:
+    from rectrain.errors import ConfigError
+    from rectrain.train.config import RunConfig
+    from rectrain.train.job import TrainJob
+
+    try:
+        TrainJob(RunConfig.load(CRITEO, overrides), env, progress_bar=False).run()
+    except ConfigError as e:
+        return str(e)
+    return "trained"
+
+
+@pytest.mark.slow
+def test_two_ranks_share_the_converted_parts_sha256_and_stop_together(tmp_path, capsys):
+    conv = _converted(tmp_path, capsys)
+    part = sorted(conv.glob("part-*.safetensors"))[1]  # rank 1 hashes parts 1 and 3
+    raw = bytearray(part.read_bytes())
+    raw[-8:] = b"\x00" * 8
+    part.write_bytes(bytes(raw))
+    overrides = [
+        *SMALL_CRITEO_MODEL,
+        'data.source="converted"',
+        f'data.paths=["{conv}"]',
+        "data.num_workers=0",
+        f"train.batch_size={BATCH}",
+        f'checkpoint.dir="{tmp_path / "ckpt"}"',
+    ]
+    rank0, rank1 = run_multiprocess(_preflight_rank, 2, overrides)
+    assert f"{part} does not match the sha256" in rank1
+    assert rank0 == "a path check failed on another rank (see its error)"
+    assert _checkpoints(tmp_path) == []
