@@ -42,16 +42,17 @@ DATA = "data"  # the checkpoint's ``extra`` key recording the data it was traine
 
 
 def restart_count() -> int:
-    """Which attempt of the job this is: torchrun's restarts after a failure (0: the first)."""
+    """How often torchrun's agent on this host restarted the job after a failure (0: the first attempt). An
+    agent whose workers did not fail keeps 0 when it restarts them for another host's: take the ranks' most.
+    """
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def starts_afresh(config: RunConfig) -> bool:
-    """Whether this run ignores the checkpoints in ``checkpoint.dir``: ``resume = false``, or ``--overwrite``
-    on the job's first attempt (a restart by torchrun resumes from what its earlier attempt saved). Decided
-    from the config and environment alone, so every rank agrees."""
+    """Whether this run ignores the checkpoints in ``checkpoint.dir``: ``resume = false``, or ``overwrite``
+    (which a job restarted by torchrun drops, to resume from what its earlier attempt saved: ``TrainJob``)."""
     ckpt = config.checkpoint
-    return not ckpt.resume or (ckpt.overwrite and restart_count() == 0)
+    return not ckpt.resume or ckpt.overwrite
 
 
 def data_identity(config: RunConfig) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,10 @@ class TrainJob:
     def _preflight(self) -> None:
         """Every configured path checked on every rank before anything trains (converted parts' sha256 shared
         out between the ranks); all ranks fail together."""
+        self.attempt = self.agreement.most(checkpointing.restart_count())
+        ckpt = self.config.checkpoint
+        if self.attempt and ckpt.overwrite and ckpt.resume:  # a restart resumes what the first attempt saved
+            self.config = replace(self.config, checkpoint=replace(ckpt, overwrite=False))
         error: ConfigError | None = None
         try:
             check_run_paths(self.config)
@@ -109,8 +113,8 @@ class TrainJob:
         checkpointing.prepare_directory(self.config, self.env)
 
     def run(self) -> TrainSummary:
+        self._preflight()  # may drop checkpoint.overwrite (a restart): read the config after it
         cfg, t = self.config, self.training
-        self._preflight()
         position = checkpointing.resume(cfg, t, self.env, self.data.initial_position(), self.dense_range)
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
@@ -122,9 +126,8 @@ class TrainJob:
             bar=self.progress_bar,
             tensorboard_dir=cfg.train.tensorboard_dir,
         )
-        attempt = checkpointing.restart_count()
-        if position.step or attempt:  # marks where the log's steps start again (a failed attempt logged more)
-            reporter.write({"event": "resume", "step": position.step, "attempt": attempt})
+        if position.step or self.attempt:  # where the log's steps start again (a failed attempt logged more)
+            reporter.write({"event": "resume", "step": position.step, "attempt": self.attempt})
         pipeline_type = TrainPipelineSparseDist if cfg.train.pipeline else TrainPipelineBase
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
         summary = TrainSummary(start=position, end=position)
