@@ -15,11 +15,9 @@ another above it. Dense effects are linear in log1p of the count, or a bump (hig
 range) that a linear model misses, plus optional steps at thresholds (as a tree splits). ``best_auc`` is the
 AUC of the true probabilities on the held-out rows: what no model can beat.
 
-    python bench/foreign_criteo.py gen [RULE ...]     # writes /tmp/foreign/<rule>/{train,test}.tsv
-    python bench/foreign_criteo.py run RECIPE RULE    # the README's command on them, vs best and plain
-    python bench/foreign_criteo.py table [--ranks 1,2] [RULE ...]   # every recipe on every rule
-
-``run`` and ``table`` are in bench/foreign_runs.py.
+    python bench/foreign_criteo.py gen [RULE ...]   # writes /tmp/foreign/<rule>/{train,test}.tsv
+    python bench/foreign_runs.py run RECIPE RULE    # the README's command on them, vs best and plain
+    python bench/foreign_runs.py table [--ranks 1,2] [RULE ...]   # every recipe on every rule
 """
 
 from __future__ import annotations
@@ -314,12 +312,8 @@ def generate(rule: Rule, out: Path = OUT) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))  # bench/machine.py, bench/recipes.py
     if argv[:1] in (["run"], ["table"]):
-        import foreign_runs
-
-        foreign_runs.main(argv)
-        return
+        raise SystemExit(f"{argv[0]} is in bench/foreign_runs.py: python bench/foreign_runs.py {argv[0]} ...")
     for name in argv[1:] or list(RULES):
         facts = generate(RULES[name])
         print(f"{name}: best possible AUC {facts['best_auc']:.4f}, click rate {facts['test_ctr']:.3f}")

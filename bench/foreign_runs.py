@@ -1,7 +1,7 @@
 """The README's commands on bench/foreign_criteo.py's rules, next to each rule's best AUC and the plain model.
 
-    python bench/foreign_criteo.py run RECIPE RULE
-    python bench/foreign_criteo.py table [--ranks 1,2] [--recipes A.toml,B.toml] [--set K=V ...] [RULE ...]
+    python bench/foreign_runs.py run RECIPE RULE
+    python bench/foreign_runs.py table [--ranks 1,2] [--recipes A.toml,B.toml] [--set K=V ...] [RULE ...]
 
 A run trains ``examples/RECIPE`` with ``rectrain train`` (``torchrun --nproc-per-node N -m rectrain train``
 for N ranks): one epoch, the held-out file as ``data.eval_paths``, every held-out row scored at the end.
@@ -102,7 +102,7 @@ def table(rules, recipes, ranks, extra: tuple[str, ...] = ()) -> None:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(
-        prog="foreign_criteo.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="foreign_runs.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = ap.add_subparsers(dest="command", required=True)
     one = commands.add_parser("run", help="one recipe on one rule, 1 rank")
@@ -128,3 +128,7 @@ def main(argv: list[str]) -> None:
         many.error(f"unknown rule(s) {', '.join(unknown)}; rules: {', '.join(fc.RULES)}")
     ranks = [int(n) for n in args.ranks.split(",")]
     table(args.rules or TABLE_RULES, args.recipes.split(","), ranks, tuple(args.extra))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -107,7 +107,7 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--overwrite",
         action="store_true",
-        help="with checkpoint.resume = false, delete the checkpoints already in checkpoint.dir",
+        help="start afresh: delete the checkpoints already in checkpoint.dir (a torchrun restart resumes)",
     )
     train.set_defaults(func=_train)
     plan = _config_command(sub, "plan", "print the sharding plan of a run config without training")

@@ -1,5 +1,7 @@
+"""``python -m recserve.mainjob`` (``./run.sh``): the same as ``recserve main``."""
+
 import sys
 
-from recserve.mainjob.cli import main
+from recserve.cli import main
 
-sys.exit(main())
+sys.exit(main(["main", *sys.argv[1:]]))

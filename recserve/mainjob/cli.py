@@ -1,4 +1,4 @@
-"""``recserve main`` (and ``python -m recserve.mainjob``, which ``./run.sh`` runs): the main job's flags."""
+"""``recserve main``'s flags (``python -m recserve.mainjob``, which ``./run.sh`` runs, is that command)."""
 
 from __future__ import annotations
 
@@ -63,10 +63,3 @@ def run_command(args: argparse.Namespace) -> int:
         print("recserve main: interrupted; the server (if started) was stopped", file=sys.stderr)
         return 130
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m recserve.mainjob``: the same as ``recserve main``."""
-    from recserve.cli import main as recserve_main
-
-    return recserve_main(["main", *(sys.argv[1:] if argv is None else argv)])

@@ -1,6 +1,8 @@
-"""Datasets yielding ready ``Batch``es (TorchRec's ``torchrec.datasets``): synthetic, Criteo TSV, MovieLens,
-converted columnar data and Parquet (``ColumnarDataset``); ``write_synthetic_criteo`` makes a learnable
-Criteo-format file and ``convert`` turns text into columnar data (``rectrain data convert``).
+"""Where training data enters: files and generators read, checked and batched (as ``torchrec.datasets``).
+
+Synthetic, Criteo TSV, MovieLens, converted columnar data and Parquet (``ColumnarDataset``), each yielding
+ready ``Batch``es; ``write_synthetic_criteo`` makes a learnable Criteo-format file and ``convert`` turns text
+into columnar data (``rectrain data convert``).
 
 Each is an ``IterableDataset`` that batches internally, so use ``DataLoader(ds, batch_size=None,
 num_workers=N)``; every rank and worker reads its own share. File sources are read in global windows from a

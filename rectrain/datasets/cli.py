@@ -88,9 +88,16 @@ def _convert(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from rectrain.datasets.columnar.converted import ConvertedSource
     from rectrain.datasets.columnar.manifest import ColumnarManifest
+    from rectrain.datasets.columnar.part_files import DataFormatError
 
     manifest, directory = ColumnarManifest.load(args.dir)
     manifest.check_files(directory, checksums=not args.no_checksums)
+    read, skipped = manifest.source.get("rows_read", 0), manifest.source.get("rows_skipped", 0)
+    if not manifest.num_rows or skipped > read:  # the inputs were not the source's text (binary, gzip, ...)
+        raise DataFormatError(
+            f"{directory}: {manifest.num_rows:,} rows converted, {skipped:,} malformed lines skipped: its "
+            f"inputs {manifest.source.get('paths', [])} were not {manifest.kind} text; convert the right ones"
+        )
     ConvertedSource([args.dir]).check_parts()
     what = "sizes" if args.no_checksums else "sizes and sha256"
     print(

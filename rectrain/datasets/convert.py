@@ -24,12 +24,13 @@ from rectrain.datasets.columnar.writer import (
     id_dtype_for,
     prepare_output_dir,
 )
-from rectrain.datasets.criteo import DEFAULT_INT_NAMES, CriteoConfig
+from rectrain.datasets.criteo import DEFAULT_INT_NAMES, CriteoConfig, parse_criteo_line
 from rectrain.datasets.criteo_columns import iter_criteo_columns
 from rectrain.datasets.lines import RowParser, numbered_lines
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset, is_rating_header
-from rectrain.datasets.rows import RowStats, check_data_file
+from rectrain.datasets.rows import DataFileError, RowStats
+from rectrain.datasets.sniff import sniff_text_file
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,14 @@ def _template(config: CriteoConfig | MovieLensConfig) -> ColumnarManifest:
     )
 
 
+def _line_parser(config: CriteoConfig | MovieLensConfig) -> tuple[Callable[[str, str], object], str]:
+    """The source's line parser (for ``sniff``) and what its rows are called."""
+    if isinstance(config, CriteoConfig):
+        rows = config.table_rows()
+        return (lambda line, path: parse_criteo_line(line, rows)), "Criteo TSV"
+    return MovieLensDataset.parse_line, "MovieLens ratings"
+
+
 def convert(
     config: CriteoConfig | MovieLensConfig,
     directory: str | Path,
@@ -112,8 +121,9 @@ def convert(
 ) -> ConvertResult:
     """Convert ``config.paths`` into ``directory``; ``on_rows(n)`` is told of every block written."""
     directory = Path(directory)
+    parse, kind = _line_parser(config)
     for path in config.paths:
-        check_data_file(path)
+        sniff_text_file(path, "input file", parse, kind)
     prepare_output_dir(directory, overwrite)
     start = time.perf_counter()
     stats = RowStats()
@@ -125,6 +135,11 @@ def convert(
         writer.append(labels, dense, ids)
         if on_rows is not None:
             on_rows(len(labels))
+    if not stats.rows_read:  # no manifest: the directory is not converted data
+        raise DataFileError(
+            f"no rows to convert: all {stats.rows_skipped:,} lines of {', '.join(map(str, config.paths))} "
+            f"are malformed (see the warnings); give {kind} files"
+        )
     manifest = writer.finish(
         source={
             "paths": [str(Path(p).resolve()) for p in config.paths],

@@ -13,16 +13,27 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from rectrain.datasets.batching import batch_from_arrays, make_batch, one_id_per_example
+from rectrain.datasets.block_windows import block_windows
+from rectrain.datasets.criteo_columns import parse_parts
+from rectrain.datasets.criteo_rows import (  # noqa: F401 (the row format's names, re-exported)
+    DEFAULT_CAT_NAMES,
+    DEFAULT_INT_NAMES,
+    MAX_HEX_DIGITS,
+    MISSING_ID,
+    NUM_COLUMNS,
+    NUM_DENSE,
+    NUM_SPARSE,
+    hash_categorical,
+    parse_criteo_line,
+)
 from rectrain.datasets.lines import TextDataset, log_skipped
-from rectrain.datasets.rows import MAX_TABLE_ROWS, RowError, RowPolicy, parse_int
+from rectrain.datasets.rows import MAX_TABLE_ROWS, RowPolicy
 from rectrain.datasets.sharding import worker_shard
 from rectrain.datasets.windows import BatchAt
 from rectrain.errors import ConfigError
@@ -30,14 +41,6 @@ from rectrain.models.batch import Batch
 
 logger = logging.getLogger(__name__)
 
-NUM_DENSE = 13
-NUM_SPARSE = 26
-NUM_COLUMNS = 1 + NUM_DENSE + NUM_SPARSE
-DEFAULT_INT_NAMES = [f"int_{i}" for i in range(NUM_DENSE)]
-DEFAULT_CAT_NAMES = [f"cat_{i}" for i in range(NUM_SPARSE)]
-MISSING_ID = 0
-MAX_HEX_DIGITS = 64  # Criteo's are 8; a longer string is garbage, and int(., 16) of it costs its length
-_HEX = frozenset(string.hexdigits)
 PARSERS = ("columns", "lines")
 
 
@@ -88,36 +91,6 @@ class CriteoConfig:
         return list(self.num_embeddings)
 
 
-def hash_categorical(value: str, rows: int) -> int:
-    """The documented id of a categorical hex string in a table of ``rows`` rows (``""`` -> 0)."""
-    if value == "":
-        return MISSING_ID
-    return 1 + int(value, 16) % (rows - 1)
-
-
-def parse_criteo_line(line: str, rows: Sequence[int]) -> tuple[int, list[float], list[int]]:
-    """``(label, 13 dense values after log1p, 26 ids)`` of one line; ``RowError`` (1-based column) if bad."""
-    cols = line.split("\t")
-    if len(cols) != NUM_COLUMNS:
-        raise RowError("*", f"expected {NUM_COLUMNS} tab-separated columns, got {len(cols)}")
-    if cols[0] not in ("0", "1"):
-        raise RowError(1, f"label must be 0 or 1, got {cols[0]!r}")
-    dense = []
-    for i, text in enumerate(cols[1 : 1 + NUM_DENSE]):
-        x = parse_int(text, 2 + i, f"integer feature {DEFAULT_INT_NAMES[i]}") if text else 0
-        dense.append(math.log1p(max(x, 0)))
-    ids = []
-    for i, text in enumerate(cols[1 + NUM_DENSE :]):
-        if len(text) > MAX_HEX_DIGITS or not _HEX.issuperset(text):
-            shown = f"{text[:40]!r}{'...' if len(text) > 40 else ''}"
-            raise RowError(
-                2 + NUM_DENSE + i,
-                f"categorical feature cat_{i} is not hex of <= {MAX_HEX_DIGITS} digits: {shown}",
-            )
-        ids.append(hash_categorical(text, rows[i]))
-    return int(cols[0]), dense, ids
-
-
 class CriteoDataset(TextDataset[tuple[int, list[float], list[int]]]):
     """Batches of this rank's and DataLoader worker's share of the files: its block of every global window
     (see ``lines.TextDataset``), from row ``start_row`` on, of the rows ``select`` keeps (default: all).
@@ -141,9 +114,6 @@ class CriteoDataset(TextDataset[tuple[int, list[float], list[int]]]):
         return self._column_windows()
 
     def _column_windows(self) -> Iterator[BatchAt]:
-        from rectrain.datasets.block_windows import block_windows
-        from rectrain.datasets.criteo_columns import parse_parts
-
         cfg, worker = self.config, worker_shard(self.rank, self.world_size)
         policy = RowPolicy(self.stats, cfg.strict)
         for rows, end in block_windows(

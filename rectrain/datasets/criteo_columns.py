@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rectrain.datasets.block_windows import BlockLines
-from rectrain.datasets.criteo import NUM_DENSE, NUM_SPARSE, parse_criteo_line
+from rectrain.datasets.criteo_rows import NUM_DENSE, NUM_SPARSE, parse_criteo_line
 from rectrain.datasets.line_blocks import DEFAULT_BLOCK_BYTES, LineBlock, iter_line_blocks
 from rectrain.datasets.rows import RowError, RowPolicy, RowStats
 

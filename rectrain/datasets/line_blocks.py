@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from rectrain.datasets.rows import check_data_file
+from rectrain.datasets.rows import GZIP_ERRORS, check_data_file, gzip_error
 
 #: Bytes before the first line in ``LineBlock.buf``: a parser may read up to 16 bytes before a field.
 PAD = 16
@@ -88,7 +88,10 @@ def split_lines(data: bytes | bytearray, first_line: int) -> LineBlock:
 def iter_line_blocks(path: str | Path, block_bytes: int = DEFAULT_BLOCK_BYTES) -> Iterator[LineBlock]:
     """``path`` as consecutive ``LineBlock``s of about ``block_bytes`` each (longer if a line is)."""
     with open_binary(path) as f:
-        yield from line_blocks_of(f, block_bytes)
+        try:
+            yield from line_blocks_of(f, block_bytes)
+        except GZIP_ERRORS as e:
+            raise gzip_error(path, e) from None
 
 
 def line_blocks_of(stream: BinaryIO, block_bytes: int) -> Iterator[LineBlock]:

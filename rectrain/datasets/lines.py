@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from torch.utils.data import IterableDataset
 
-from rectrain.datasets.rows import RowError, RowPolicy, RowStats, open_text
+from rectrain.datasets.rows import GZIP_ERRORS, RowError, RowPolicy, RowStats, gzip_error, open_text
 from rectrain.datasets.sharding import ShardInfo, check_rank, worker_shard
 from rectrain.datasets.windows import BatchAt, Holdout, Window, rank_windows
 from rectrain.models.batch import Batch
@@ -44,7 +44,8 @@ def numbered_lines(
     index = 0
     for path in paths:
         with open_text(path) as f:
-            first = next(f, None)
+            lines = _checked_lines(f, path)
+            first = next(lines, None)
             if first is None:
                 starts.append((index, 1))
                 continue
@@ -54,9 +55,17 @@ def numbered_lines(
             if not header:
                 yield index, first
                 index += 1
-            for line in f:
+            for line in lines:
                 yield index, line.rstrip("\r\n")
                 index += 1
+
+
+def _checked_lines(f: Iterable[str], path: str) -> Iterator[str]:
+    """The lines of ``f``; a damaged gzip stream is a ``DataFileError`` naming ``path``."""
+    try:
+        yield from f
+    except GZIP_ERRORS as e:
+        raise gzip_error(path, e) from None
 
 
 class RowParser(Generic[T]):

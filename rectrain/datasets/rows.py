@@ -11,6 +11,7 @@ import gzip
 import io
 import logging
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,16 @@ def check_data_file(path: str | Path, what: str = "data file") -> Path:
         where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
         raise DataFileError(f"{what} {path} does not exist{where}; fix the path")
     return path
+
+
+# What a damaged gzip stream raises while it is read (a truncated file: EOFError at its end).
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def gzip_error(path: str | Path, error: Exception) -> DataFileError:
+    """The one-line error of a gzip stream that breaks while it is read."""
+    what = "ends early (truncated)" if isinstance(error, EOFError) else f"is damaged ({error})"
+    return DataFileError(f"{path}: the gzip stream {what}; download or compress the file again")
 
 
 def open_text(path: str | Path) -> io.TextIOBase:

@@ -24,6 +24,7 @@ from typing import Any
 
 from rectrain.durable import write_text_atomic
 from rectrain.errors import ConfigError
+from rectrain.planner.report import format_report
 from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 from rectrain.planner.validate import validate_sharding
 
@@ -158,8 +159,6 @@ class ShardingPlan:
 
     def report(self) -> str:
         """Fixed-width table: per rank the shards, bytes and estimated seconds, then the imbalance."""
-        from rectrain.planner.report import format_report  # report imports plan types; avoid a cycle
-
         return format_report(self)
 
     def __str__(self) -> str:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-from rectrain.planner.types import Shard, ShardingType
+from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 
-if TYPE_CHECKING:
-    from rectrain.planner.plan import ShardingPlan
+
+class PlanView(Protocol):
+    """What the report reads of a ``plan.ShardingPlan`` (plan imports this module to render itself)."""
+
+    @property
+    def plan(self) -> Mapping[str, Mapping[str, ParameterSharding]]: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def local_world_size(self) -> int | None: ...
+
 
 _SHORT = {
     ShardingType.DATA_PARALLEL: "DP",
@@ -18,7 +30,7 @@ _SHORT = {
 }
 
 
-def _per_rank(plan: ShardingPlan) -> list[list[tuple[str, Shard]]]:
+def _per_rank(plan: PlanView) -> list[list[tuple[str, Shard]]]:
     """``(label, shard)`` of every shard on each rank; data-parallel shards appear on every rank."""
     placed: list[list[tuple[str, Shard]]] = [[] for _ in range(plan.world_size)]
     for module_path in sorted(plan.plan):
@@ -42,7 +54,7 @@ def _imbalance(values: list[float]) -> float:
     return max(values) / mean if mean > 0 else 1.0
 
 
-def format_report(plan: ShardingPlan) -> str:
+def format_report(plan: PlanView) -> str:
     """The report; shards without estimates (hand-edited) count as 0 and are marked ``?``."""
     placed = _per_rank(plan)
     storage = [sum(s.storage or 0 for _, s in shards) for shards in placed]

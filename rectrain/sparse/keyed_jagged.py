@@ -11,7 +11,7 @@ now. The constructor reads no tensor data; ``validate()`` checks it.
 import torch
 from torch import Tensor
 
-from rectrain.sparse import formatting, jagged_ops, kjt_layout, validation
+from rectrain.sparse import formatting, jagged_ops, kjt_dist, kjt_layout, kjt_ops, validation
 from rectrain.sparse.jagged import JaggedTensor, JaggedTensorMeta, _weights_or_throw
 from rectrain.sparse.kjt_layout import jt_dict_of as _kjt_to_jt_dict
 
@@ -149,7 +149,19 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """Stack per-key JaggedTensors (all weighted or none); different row counts give a VBE result, as
         does ``force_variable_stride``. Synced."""
-        return _kjt_from_jt_dict(jt_dict, force_variable_stride).sync()
+        if len(jt_dict) == 0:
+            return KeyedJaggedTensor.empty()
+        keys, values, weights, lengths, stride, per_rank = kjt_ops.from_jt_dict_parts(
+            jt_dict, force_variable_stride
+        )
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=stride,
+            stride_per_key_per_rank=per_rank,
+        ).sync()
 
     def copy_(self, kjt: "KeyedJaggedTensor", non_blocking: bool = False) -> "KeyedJaggedTensor":
         """Copy ``kjt``'s tensors into this one's in place and adopt its caches (shapes must match)."""
@@ -526,9 +538,17 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
     ) -> "KeyedJaggedTensor":
         """Rebuild a KJT from the tensors an all-to-all received (``recat`` reorders rank-major blocks
         into key-major order). Synced."""
-        return kjt_dist.init(
+        lengths, values, weights, stride, per_rank = kjt_dist.init(
             keys, tensors, variable_stride_per_key, num_workers, recat, stride_per_rank, stagger
         )
+        return KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=weights,
+            lengths=lengths,
+            stride=stride,
+            stride_per_key_per_rank=per_rank,
+        ).sync()
 
     # ------------------------------------------------------------------------------------ device and sync
 
@@ -577,16 +597,77 @@ class KeyedJaggedTensor(metaclass=JaggedTensorMeta):
         return self.__str__()
 
 
-# The static methods above call these functions, which build KeyedJaggedTensors and so import this module:
-# bind them once the class exists. (Instance methods build their results themselves: TorchScript compiles a
-# class's instance methods with the class, and a function taking the class would recurse into that.)
-from rectrain.sparse import kjt_dist  # noqa: E402
-from rectrain.sparse.kjt_ops import (  # noqa: E402
-    _kjt_concat,
-    _kjt_empty_like_device,
-    _kjt_empty_like_stride,
-    _kjt_from_jt_dict,
-)
+# The constructors that read other KJTs (behind the static methods above; the parts that need no KJT are in
+# kjt_ops). Instance methods build their results themselves: TorchScript compiles a class's instance methods
+# with the class, and a function taking the class would recurse into that.
+
+
+def _kjt_concat(kjt_list: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+    weights: list[Tensor | None] = []
+    length_per_key: list[list[int] | None] = []
+    per_rank: list[Tensor | None] = []
+    inverses: list[InverseIndices | None] = []
+    for kjt in kjt_list:  # typed lists: TorchScript warns on comprehensions of Optional values
+        weights.append(kjt.weights_or_none())
+        length_per_key.append(kjt.length_per_key_or_none())
+        per_rank.append(kjt._stride_per_key_per_rank)
+        inverses.append(kjt.inverse_indices_or_none())
+    parts = kjt_ops.concat_parts(
+        [kjt.keys() for kjt in kjt_list],
+        [kjt.values() for kjt in kjt_list],
+        weights,
+        [kjt.lengths() for kjt in kjt_list],
+        length_per_key,
+        [kjt.stride() for kjt in kjt_list],
+        [kjt.variable_stride_per_key() for kjt in kjt_list],
+        per_rank,
+    )
+    return KeyedJaggedTensor(
+        keys=parts[0],
+        values=parts[1],
+        weights=parts[2],
+        lengths=parts[3],
+        stride=parts[4],
+        stride_per_key_per_rank=parts[5],
+        length_per_key=parts[6],
+        inverse_indices=kjt_ops.concat_inverse_indices(inverses),
+    )
+
+
+def _kjt_empty_like_stride(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    weights = kjt.weights_or_none()
+    per_rank = kjt._stride_per_key_per_rank
+    variable = per_rank is not None and kjt.variable_stride_per_key()
+    return KeyedJaggedTensor(
+        keys=torch.jit.annotate(list[str], []),
+        values=torch.empty(0, device=kjt.device(), dtype=kjt.values().dtype),
+        weights=None if weights is None else torch.empty(0, device=kjt.device(), dtype=weights.dtype),
+        lengths=torch.empty(0, device=kjt.device(), dtype=kjt.lengths().dtype),
+        stride=None if variable else kjt.stride(),
+        stride_per_key_per_rank=per_rank if variable else None,
+    )
+
+
+def _kjt_empty_like_device(kjt: KeyedJaggedTensor, device: torch.device) -> KeyedJaggedTensor:
+    per_rank = kjt._stride_per_key_per_rank
+    variable = per_rank is not None and kjt.variable_stride_per_key()
+    inverse = kjt.inverse_indices_or_none()
+    return KeyedJaggedTensor(
+        keys=kjt.keys(),
+        values=torch.empty_like(kjt.values(), device=device),
+        weights=kjt_ops.empty_like_or_none(kjt.weights_or_none(), device),
+        lengths=kjt_ops.empty_like_or_none(kjt.lengths_or_none(), device),
+        offsets=kjt_ops.empty_like_or_none(kjt.offsets_or_none(), device),
+        stride=None if variable else kjt.stride(),
+        stride_per_key_per_rank=per_rank if variable else None,
+        stride_per_key=kjt._stride_per_key,
+        length_per_key=kjt._length_per_key,
+        offset_per_key=kjt._offset_per_key,
+        inverse_indices=None
+        if inverse is None
+        else (inverse[0], torch.empty_like(inverse[1], device=device)),
+    )
+
 
 # torch.fx records these as leaves (their bodies loop over their inputs).
 torch.fx.wrap("_kjt_concat")

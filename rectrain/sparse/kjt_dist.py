@@ -1,5 +1,5 @@
-"""TorchRec's KJT distribution helpers: the tensors an all-to-all of a KJT sends, and the KJT rebuilt from
-what it received (``dist_labels``/``dist_splits``/``dist_tensors``/``dist_init``).
+"""TorchRec's KJT distribution helpers: the tensors an all-to-all of a KJT sends, and the parts of the KJT
+rebuilt from what it received (``dist_labels``/``dist_splits``/``dist_tensors``/``dist_init``).
 
 Our own input distribution (``rectrain.distributed``) does not need them; they are here so that code
 written against TorchRec's KJT runs (and scripts) unchanged.
@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 from rectrain.sparse import jagged_ops, kjt_layout
-from rectrain.sparse.keyed_jagged import KeyedJaggedTensor
+
+# (lengths, values, weights, stride, stride_per_key_per_rank): a KeyedJaggedTensor's constructor arguments.
+KJTParts = tuple[Tensor, Tensor, Optional[Tensor], Optional[int], Optional[Tensor]]
 
 
 def labels(variable: bool, weighted: bool) -> list[str]:
@@ -59,9 +61,9 @@ def init(
     recat: Tensor | None,
     stride_per_rank: list[int] | None,
     stagger: int,
-) -> KeyedJaggedTensor:
-    """The KJT of ``received`` = [lengths, values, (VBE) strides, (weighted) weights], rank-major, reordered
-    key-major by ``recat``."""
+) -> KJTParts:
+    """The KJT parts of ``received`` = [lengths, values, (VBE) strides, (weighted) weights], rank-major,
+    reordered key-major by ``recat``."""
     if len(received) < 2 or len(received) > 4:
         raise ValueError(
             f"dist_init needs 2 to 4 tensors (lengths, values, strides, weights), got {len(received)}"
@@ -79,7 +81,7 @@ def init(
     total = 0
     for s in stride_per_rank:
         total += s
-    return KeyedJaggedTensor(keys=keys, values=values, weights=weights, lengths=lengths, stride=total).sync()
+    return lengths, values, weights, total, None
 
 
 def _recat_fixed(
@@ -111,7 +113,7 @@ def _init_variable(
     num_workers: int,
     recat: Tensor | None,
     stagger: int,
-) -> KeyedJaggedTensor:
+) -> KJTParts:
     per_rank = strides.view(num_workers, len(keys)).T.cpu()
     if recat is not None:
         bounds = jagged_ops.to_offsets(strides).cpu()
@@ -124,6 +126,4 @@ def _init_variable(
     if stagger > 1:
         order = torch.arange(num_workers).view(stagger, -1).T.reshape(-1)
         per_rank = per_rank[:, order]
-    return KeyedJaggedTensor(
-        keys=keys, values=values, weights=weights, lengths=lengths, stride_per_key_per_rank=per_rank
-    ).sync()
+    return lengths, values, weights, None, per_rank

@@ -1,7 +1,8 @@
-"""The KeyedJaggedTensor constructors that combine or mimic other KJTs: concat, empty_like, from_jt_dict.
+"""The parts of the KeyedJaggedTensors that combine others: concat's strides and inverse indices, and
+from_jt_dict's tensors.
 
-Functions (TorchScript-compatible) behind the static methods of ``keyed_jagged.py``. ``torch.fx`` treats
-concat and empty_like as leaves (see the ``torch.fx.wrap`` calls there): their bodies loop over inputs.
+Functions (TorchScript-compatible) on plain tensors and lists; the constructors in ``keyed_jagged.py`` read
+their input KJTs, call these and build the result (this module does not know the class).
 """
 
 from typing import Optional
@@ -10,69 +11,82 @@ import torch
 from torch import Tensor
 
 from rectrain.sparse.jagged import JaggedTensor
-from rectrain.sparse.keyed_jagged import KeyedJaggedTensor
+
+InverseIndices = tuple[list[str], Tensor]
+# (keys, values, weights, lengths, stride, stride_per_key_per_rank): KeyedJaggedTensor's arguments.
+JTDictParts = tuple[list[str], Tensor, Optional[Tensor], Tensor, Optional[int], Optional[Tensor]]
+# The same, then length_per_key.
+ConcatParts = tuple[
+    list[str], Tensor, Optional[Tensor], Tensor, Optional[int], Optional[Tensor], Optional[list[int]]
+]
 
 
-def _kjt_concat(kjt_list: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
-    if len(kjt_list) == 0:
+def concat_parts(
+    keys: list[list[str]],
+    values: list[Tensor],
+    weights: list[Optional[Tensor]],
+    lengths: list[Tensor],
+    length_per_key: list[Optional[list[int]]],
+    strides: list[int],
+    variable: list[bool],
+    per_rank: list[Optional[Tensor]],
+) -> ConcatParts:
+    """The concatenation of KJTs given by their parts (one list entry per KJT; ``per_rank``: VBE strides)."""
+    if len(keys) == 0:
         raise ValueError("concat needs at least one KeyedJaggedTensor, got an empty list")
-    weighted = kjt_list[0].weights_or_none() is not None
-    keys: list[str] = []
-    values: list[Tensor] = []
-    weights: list[Tensor] = []
-    lengths: list[Tensor] = []
-    length_per_key: list[int] = []
+    weighted = weights[0] is not None
+    all_keys: list[str] = []
+    present: list[Tensor] = []
+    all_length_per_key: list[int] = []
     has_length_per_key = True
-    for kjt in kjt_list:
-        part_weights = kjt.weights_or_none()
+    for i in range(len(keys)):
+        part_weights = weights[i]
         if (part_weights is not None) != weighted:
             raise ValueError("cannot concat weighted and unweighted KeyedJaggedTensors")
-        keys.extend(kjt.keys())
-        values.append(kjt.values())
-        lengths.append(kjt.lengths())
+        all_keys.extend(keys[i])
         if part_weights is not None:
-            weights.append(part_weights)
-        part_length_per_key = kjt.length_per_key_or_none()
+            present.append(part_weights)
+        part_length_per_key = length_per_key[i]
         if part_length_per_key is None:
             has_length_per_key = False
         else:
-            length_per_key.extend(part_length_per_key)
-    stride, per_rank = _concat_strides(kjt_list)
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=torch.cat(values, dim=0),
-        weights=torch.cat(weights, dim=0) if weighted else None,
-        lengths=torch.cat(lengths, dim=0),
-        stride=stride,
-        stride_per_key_per_rank=per_rank,
-        length_per_key=length_per_key if has_length_per_key else None,
-        inverse_indices=_concat_inverse_indices(kjt_list),
+            all_length_per_key.extend(part_length_per_key)
+    stride, stride_per_key_per_rank = _concat_strides(keys, strides, variable, per_rank)
+    return (
+        all_keys,
+        torch.cat(values, dim=0),
+        torch.cat(present, dim=0) if weighted else None,
+        torch.cat(lengths, dim=0),
+        stride,
+        stride_per_key_per_rank,
+        all_length_per_key if has_length_per_key else None,
     )
 
 
-def _concat_strides(kjt_list: list[KeyedJaggedTensor]) -> tuple[Optional[int], Optional[Tensor]]:
-    """(stride, None) when every part has the same fixed stride, else (None, per-key-per-rank strides)."""
-    variable = False
-    strides: list[int] = []
-    for kjt in kjt_list:
-        variable = variable or kjt.variable_stride_per_key()
-        if len(kjt.keys()) > 0:
-            strides.append(kjt.stride())
-    if not variable:
+def _concat_strides(
+    keys: list[list[str]], strides: list[int], variable: list[bool], per_rank: list[Optional[Tensor]]
+) -> tuple[Optional[int], Optional[Tensor]]:
+    """(stride, None) when every part with keys has the same fixed stride, else (None, per-key-per-rank
+    strides)."""
+    any_variable = False
+    with_keys: list[int] = []
+    for i in range(len(keys)):
+        any_variable = any_variable or variable[i]
+        if len(keys[i]) > 0:
+            with_keys.append(i)
+    if not any_variable:
         same = True
-        for s in strides:
-            same = same and s == strides[0]
+        for i in with_keys:
+            same = same and strides[i] == strides[with_keys[0]]
         if same:
-            return (strides[0] if len(strides) > 0 else kjt_list[0].stride()), None
+            return (strides[with_keys[0]] if len(with_keys) > 0 else strides[0]), None
     rows: list[Tensor] = []
-    for kjt in kjt_list:
-        if len(kjt.keys()) == 0:
-            continue
-        per_rank = kjt._stride_per_key_per_rank
-        if kjt.variable_stride_per_key() and per_rank is not None:
-            rows.append(per_rank.reshape(len(kjt.keys()), -1).to(torch.int32))
+    for i in with_keys:
+        part = per_rank[i]
+        if variable[i] and part is not None:
+            rows.append(part.reshape(len(keys[i]), -1).to(torch.int32))
         else:
-            rows.append(torch.full((len(kjt.keys()), 1), kjt.stride(), dtype=torch.int32))
+            rows.append(torch.full((len(keys[i]), 1), strides[i], dtype=torch.int32))
     for r in rows:
         if r.size(1) != rows[0].size(1):
             widths = [r.size(1) for r in rows]
@@ -82,63 +96,26 @@ def _concat_strides(kjt_list: list[KeyedJaggedTensor]) -> tuple[Optional[int], O
     return None, torch.cat(rows, dim=0) if len(rows) > 0 else torch.empty((0, 1), dtype=torch.int32)
 
 
-def _concat_inverse_indices(kjt_list: list[KeyedJaggedTensor]) -> tuple[list[str], Tensor] | None:
+def concat_inverse_indices(inverses: list[Optional[InverseIndices]]) -> Optional[InverseIndices]:
     keys: list[str] = []
     tensors: list[Tensor] = []
-    for kjt in kjt_list:
-        inverse = kjt.inverse_indices_or_none()
+    for inverse in inverses:
         if inverse is not None:
             keys.extend(inverse[0])
             tensors.append(inverse[1])
     if len(tensors) == 0:
         return None
-    if len(tensors) != len(kjt_list):
+    if len(tensors) != len(inverses):
         raise ValueError("cannot concat KeyedJaggedTensors of which only some have inverse_indices")
     return keys, torch.cat(tensors)
 
 
-def _kjt_empty_like_stride(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
-    weights = kjt.weights_or_none()
-    per_rank = kjt._stride_per_key_per_rank
-    variable = per_rank is not None and kjt.variable_stride_per_key()
-    return KeyedJaggedTensor(
-        keys=torch.jit.annotate(list[str], []),
-        values=torch.empty(0, device=kjt.device(), dtype=kjt.values().dtype),
-        weights=None if weights is None else torch.empty(0, device=kjt.device(), dtype=weights.dtype),
-        lengths=torch.empty(0, device=kjt.device(), dtype=kjt.lengths().dtype),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=per_rank if variable else None,
-    )
-
-
-def _kjt_empty_like_device(kjt: KeyedJaggedTensor, device: torch.device) -> KeyedJaggedTensor:
-    per_rank = kjt._stride_per_key_per_rank
-    variable = per_rank is not None and kjt.variable_stride_per_key()
-    inverse = kjt.inverse_indices_or_none()
-    return KeyedJaggedTensor(
-        keys=kjt.keys(),
-        values=torch.empty_like(kjt.values(), device=device),
-        weights=_empty_like_or_none(kjt.weights_or_none(), device),
-        lengths=_empty_like_or_none(kjt.lengths_or_none(), device),
-        offsets=_empty_like_or_none(kjt.offsets_or_none(), device),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=per_rank if variable else None,
-        stride_per_key=kjt._stride_per_key,
-        length_per_key=kjt._length_per_key,
-        offset_per_key=kjt._offset_per_key,
-        inverse_indices=None
-        if inverse is None
-        else (inverse[0], torch.empty_like(inverse[1], device=device)),
-    )
-
-
-def _empty_like_or_none(tensor: Tensor | None, device: torch.device) -> Tensor | None:
+def empty_like_or_none(tensor: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
     return None if tensor is None else torch.empty_like(tensor, device=device)
 
 
-def _kjt_from_jt_dict(jt_dict: dict[str, JaggedTensor], force_variable_stride: bool) -> KeyedJaggedTensor:
-    if len(jt_dict) == 0:
-        return KeyedJaggedTensor.empty()
+def from_jt_dict_parts(jt_dict: dict[str, JaggedTensor], force_variable_stride: bool) -> JTDictParts:
+    """The stacked tensors of non-empty ``jt_dict``."""
     keys = list(jt_dict.keys())
     values: list[Tensor] = []
     lengths: list[Tensor] = []
@@ -158,11 +135,11 @@ def _kjt_from_jt_dict(jt_dict: dict[str, JaggedTensor], force_variable_stride: b
     variable = force_variable_stride
     for s in strides:
         variable = variable or s != strides[0]
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=torch.cat(values),
-        weights=torch.cat(weights) if len(weights) > 0 else None,
-        lengths=torch.cat(lengths),
-        stride=None if variable else strides[0],
-        stride_per_key_per_rank=torch.tensor(strides, dtype=torch.int32).view(-1, 1) if variable else None,
+    return (
+        keys,
+        torch.cat(values),
+        torch.cat(weights) if len(weights) > 0 else None,
+        torch.cat(lengths),
+        None if variable else strides[0],
+        torch.tensor(strides, dtype=torch.int32).view(-1, 1) if variable else None,
     )

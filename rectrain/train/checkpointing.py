@@ -10,13 +10,14 @@ did, each rank skipping ``step`` batches of its stream, with a warning when the 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rectrain.datasets.windows import BATCHES, DataPosition
 from rectrain.distributed import ShardingEnv
-from rectrain.errors import ConfigError
+from rectrain.errors import ConfigError, RecTrainError
 from rectrain.train.build import TrainingModel
 from rectrain.train.config import RunConfig
 from rectrain.train.dense_range import KEY as DENSE_RANGE
@@ -37,6 +38,44 @@ class Position:
     data: DataPosition = field(default_factory=DataPosition)
 
 
+DATA = "data"  # the checkpoint's ``extra`` key recording the data it was trained on (``data_identity``)
+
+
+def restart_count() -> int:
+    """How often torchrun's agent on this host restarted the job after a failure (0: the first attempt). An
+    agent whose workers did not fail keeps 0 when it restarts them for another host's: take the ranks' most.
+    """
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def starts_afresh(config: RunConfig) -> bool:
+    """Whether this run ignores the checkpoints in ``checkpoint.dir``: ``resume = false``, or ``overwrite``
+    (which a job restarted by torchrun drops, to resume from what its earlier attempt saved: ``TrainJob``)."""
+    ckpt = config.checkpoint
+    return not ckpt.resume or ckpt.overwrite
+
+
+def data_identity(config: RunConfig) -> dict:
+    """What the run trains on, as its checkpoints record it: the source and each path with its size (a
+    converted directory's rows), so a run resumed on other data is refused."""
+    data = config.data
+    if data.source == "synthetic":
+        return {"source": data.source}
+    return {"source": data.source, "paths": [_path_identity(p, data.source) for p in data.paths]}
+
+
+def _path_identity(path: str, source: str) -> list:
+    where = Path(path).absolute()
+    try:
+        if source == "converted":
+            from rectrain.datasets.columnar import ColumnarManifest
+
+            return [str(where), ColumnarManifest.load(where)[0].num_rows]
+        return [str(where), where.stat().st_size]
+    except (OSError, RecTrainError):  # gone since the start: the checkpoint is still worth writing
+        return [str(where), None]
+
+
 def has_checkpoint(directory: str | Path) -> bool:
     """Whether ``directory`` holds a complete checkpoint to resume from (its ``latest`` pointer exists)."""
     from rectrain.checkpoint.manifest import LATEST
@@ -54,14 +93,14 @@ def saved_checkpoints(directory: str | Path) -> list[str]:
 
 def prepare_directory(config: RunConfig, env: ShardingEnv | None) -> None:
     """Rank 0, before the first step: clear leftovers of interrupted saves and, with ``checkpoint.overwrite``
-    and ``resume = false``, the old checkpoints. Other ranks do not touch the directory."""
+    (``starts_afresh``), the old checkpoints. Other ranks do not touch the directory."""
     directory = config.checkpoint.dir
     if not directory or (env is not None and env.rank != 0) or not Path(directory).is_dir():
         return
     from rectrain.checkpoint.retention import remove_checkpoints, remove_leftovers
 
     root = Path(directory)
-    if config.checkpoint.overwrite and not config.checkpoint.resume:
+    if config.checkpoint.overwrite and starts_afresh(config):
         removed = remove_checkpoints(root)
         if removed:
             logger.warning("checkpoint.overwrite: removed the old checkpoints of %s: %s", root, removed)
@@ -78,7 +117,7 @@ def resume(
     """Load the latest checkpoint of ``checkpoint.dir`` when resuming is on and one exists; else the start.
     ``dense_range`` takes the range of dense features the checkpoint records."""
     directory = config.checkpoint.dir
-    if not directory or not config.checkpoint.resume or not has_checkpoint(directory):
+    if not directory or starts_afresh(config) or not has_checkpoint(directory):
         return Position(data=initial)
     from rectrain.checkpoint import load_checkpoint
 
@@ -160,6 +199,7 @@ def save(
         extra={
             "step": position.step,
             "examples": position.examples,
+            DATA: data_identity(config),
             **({DENSE_RANGE: dense_range} if dense_range else {}),
         },
         env=env,

@@ -129,7 +129,8 @@ class PlannerConfig:
 class TrainConfig:
     """The loop: per-rank batch size, length (``steps`` or ``epochs``), evaluation and logging cadence.
 
-    ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it).
+    ``eval_every = 0`` evaluates only at the end; ``metrics_log`` is a JSON-lines file (rank 0 writes it), the
+    record of the run; ``tensorboard_dir`` also sends its metrics to TensorBoard (needs ``tensorboard``).
     ``collective_timeout_s``: how long a rank waits for its peers in a collective before it fails with an
     error naming the ranks that did not arrive (a hung or dead rank).
     """
@@ -143,6 +144,7 @@ class TrainConfig:
     pipeline: bool = True
     log_every: int = field(default=10, metadata=positive())
     metrics_log: str | None = None
+    tensorboard_dir: str | None = None
     device: str = field(default="auto", metadata=choices("auto", "cpu", "cuda"))
     recall_k: int = field(default=10, metadata=positive())
     collective_timeout_s: float = field(default=600.0, metadata=positive())
@@ -154,7 +156,9 @@ class CheckpointConfig:
 
     ``dir = ""`` turns saving off. ``keep_last`` counts the most recently saved checkpoints. With ``resume =
     false`` a directory that already holds checkpoints is refused unless ``overwrite`` (``rectrain train
-    --overwrite``), which deletes them at the start.
+    --overwrite``), which deletes them at the start; so is a resume on other data than the checkpoints'
+    (``data.paths`` or their sizes). ``overwrite`` starts afresh on the job's first attempt; torchrun's
+    restarts of it (``TORCHELASTIC_RESTART_COUNT`` > 0) resume from what the earlier attempt saved.
     """
 
     dir: str | None = None

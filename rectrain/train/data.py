@@ -183,19 +183,22 @@ def _loader(dataset: IterableDataset, num_workers: int, prefetch: int) -> Iterab
 
 
 def _from_workers(loader: DataLoader) -> Iterator[Batch]:
-    """The loader's batches; a malformed row in a worker (``strict``) is raised as ``MalformedRowError``.
+    """The loader's batches; a worker's data error is raised in one line, as the reader in this process
+    raises it.
 
-    DataLoader re-raises a worker's exception by rebuilding it from its message, which MalformedRowError's
-    signature does not allow, so it arrives as a RuntimeError carrying the worker's traceback.
+    DataLoader re-raises a worker's exception by rebuilding it from a message that carries the worker's
+    traceback (as a RuntimeError where the signature does not allow that, as MalformedRowError's).
     """
     try:
         yield from loader
-    except RuntimeError as e:
-        last_line = str(e).strip().splitlines()[-1]
-        name, _, message = last_line.partition(": ")
-        if not name.endswith("MalformedRowError"):
-            raise
-        raise RecTrainError(f"malformed row (strict): {message}") from None
+    except Exception as e:
+        text = str(e).strip()
+        name, _, message = text.splitlines()[-1].partition(": ") if text else ("", "", "")
+        if name.endswith("MalformedRowError"):
+            raise RecTrainError(f"malformed row (strict): {message}") from None
+        if isinstance(e, RecTrainError) and "\n" in text:  # DataFileError, DataFormatError
+            raise type(e)(message) from None
+        raise
 
 
 def _epochs(

@@ -57,6 +57,8 @@ class DivergenceGuard:
         if auc is None:
             return
         if not math.isfinite(auc):
+            if _undefined_auc(step, metrics):
+                return
             self._raise(step, f"held-out AUC is {auc}")
         learned = self._best_auc is not None and self._best_auc >= 0.5 + self.learned_margin
         at_chance = abs(auc - 0.5) < self.collapse_margin
@@ -87,3 +89,19 @@ class DivergenceGuard:
             else "nothing was saved"
         )
         raise TrainingDiverged(f"training diverged at step {step}: {what}; {kept}. Fix: {_FIX}")
+
+
+def _undefined_auc(step: int, metrics: dict[str, float]) -> bool:
+    """A NaN AUC with no held-out rows, or with a finite loss (the held-out labels are all one class), says
+    nothing about divergence: warn instead of advising a lower learning rate."""
+    rows = metrics.get("num_examples")
+    if rows is None or (rows and not math.isfinite(metrics.get("log_loss", math.nan))):
+        return False
+    why = (
+        "no held-out rows: the data has fewer than data.holdout_every blocks of train.batch_size rows, or "
+        "data.eval_paths is empty; give data.eval_paths"
+        if not rows
+        else "the held-out labels are all one class"
+    )
+    logger.warning("held-out AUC at step %d is undefined (%s)", step, why)
+    return True

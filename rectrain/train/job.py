@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from rectrain.train.dense_range import DenseRange
 from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
-from rectrain.train.preflight import check_run_paths
+from rectrain.train.preflight import check_converted_parts, check_run_paths
 from rectrain.train.progress import ProgressReporter
 from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
@@ -96,10 +96,16 @@ class TrainJob:
         return AgreedBatches(stream, self.agreement, stop)
 
     def _preflight(self) -> None:
-        """Every configured path checked on every rank before anything trains; all ranks fail together."""
+        """Every configured path checked on every rank before anything trains (converted parts' sha256 shared
+        out between the ranks); all ranks fail together."""
+        self.attempt = self.agreement.most(checkpointing.restart_count())
+        ckpt = self.config.checkpoint
+        if self.attempt and ckpt.overwrite and ckpt.resume:  # a restart resumes what the first attempt saved
+            self.config = replace(self.config, checkpoint=replace(ckpt, overwrite=False))
         error: ConfigError | None = None
         try:
             check_run_paths(self.config)
+            check_converted_parts(self.config, self.rank, self.world_size)
         except ConfigError as e:
             error = e
         if self.agreement.any_rank(error is not None):
@@ -107,8 +113,8 @@ class TrainJob:
         checkpointing.prepare_directory(self.config, self.env)
 
     def run(self) -> TrainSummary:
+        self._preflight()  # may drop checkpoint.overwrite (a restart): read the config after it
         cfg, t = self.config, self.training
-        self._preflight()
         position = checkpointing.resume(cfg, t, self.env, self.data.initial_position(), self.dense_range)
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
@@ -118,7 +124,10 @@ class TrainJob:
             metrics_log=cfg.train.metrics_log,
             enabled=self.rank == 0,
             bar=self.progress_bar,
+            tensorboard_dir=cfg.train.tensorboard_dir,
         )
+        if position.step or self.attempt:  # where the log's steps start again (a failed attempt logged more)
+            reporter.write({"event": "resume", "step": position.step, "attempt": self.attempt})
         pipeline_type = TrainPipelineSparseDist if cfg.train.pipeline else TrainPipelineBase
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
         summary = TrainSummary(start=position, end=position)
@@ -164,7 +173,7 @@ class TrainJob:
             except StopIteration:
                 return
             except Exception:
-                if batches.failed:  # every rank failed to read at this step: keep what was trained
+                if batches.failed and position.step:  # every rank failed to read: keep what was trained
                     logger.error("reading the next batch failed; checkpointing step %d first", position.step)
                     self._checkpoint(position, reporter)
                 raise

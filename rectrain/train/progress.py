@@ -7,7 +7,8 @@ Only the reporting rank (rank 0) shows the bar and writes the log. Each log line
 
 ``loss`` is this rank's mean training loss since the previous train event; eval metrics are over every
 rank's held-out examples. ``examples`` counts rows of this rank's batches times the world size. ``time`` is
-seconds since the Unix epoch, ``elapsed_s`` seconds since training started.
+seconds since the Unix epoch, ``elapsed_s`` seconds since training started. With ``tensorboard_dir`` the
+events' numbers also go to TensorBoard (``tensorboard``); the log stays the record.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from rectrain.train.tensorboard import TensorBoardLog
+
 
 class ProgressReporter:
     """Progress bar and JSON-lines metrics log of one run (a no-op on ranks other than the reporting one)."""
@@ -37,6 +40,7 @@ class ProgressReporter:
         metrics_log: str | Path | None = None,
         enabled: bool = True,
         bar: bool = True,
+        tensorboard_dir: str | Path | None = None,
     ) -> None:
         self.enabled, self.log_every = enabled, log_every
         self._losses: list[Tensor] = []
@@ -45,8 +49,11 @@ class ProgressReporter:
         self._log: IO[str] | None = None
         self._bar: tqdm | None = None
         self._shown: dict[str, str] = {}
+        self._tensorboard: TensorBoardLog | None = None
         if not enabled:
             return
+        if tensorboard_dir:
+            self._tensorboard = TensorBoardLog(tensorboard_dir, start_step)
         if metrics_log is not None:
             Path(metrics_log).parent.mkdir(parents=True, exist_ok=True)
             self._log = open(metrics_log, "a", buffering=1)  # noqa: SIM115 (closed in close())
@@ -93,8 +100,9 @@ class ProgressReporter:
         return self._shown
 
     def write(self, event: dict[str, Any]) -> None:
-        """Append one event to the log, stamped with examples so far and the time."""
-        if not self.enabled or self._log is None:
+        """Append one event to the log (and its numbers to TensorBoard), stamped with examples so far and the
+        time."""
+        if not self.enabled:
             return
         record = {
             "event": event.get("event"),
@@ -104,7 +112,10 @@ class ProgressReporter:
             "elapsed_s": round(time.perf_counter() - self._start, 3),
             "time": round(time.time(), 3),
         }
-        self._log.write(json.dumps(_finite(record)) + "\n")
+        if self._log is not None:
+            self._log.write(json.dumps(_finite(record)) + "\n")
+        if self._tensorboard is not None:
+            self._tensorboard.write(record)
 
     def close(self, step: int) -> None:
         """Log the last partial window and close the bar and the log."""
@@ -115,6 +126,9 @@ class ProgressReporter:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:

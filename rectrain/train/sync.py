@@ -102,6 +102,12 @@ class RankAgreement:
         """Whether ``flag`` is true on some rank."""
         return self._sum([int(flag)], "flag agreement")[0] > 0
 
+    def most(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        values = [0] * self._world_size
+        values[self._rank] = value
+        return max(self._sum(values, "max agreement"))
+
 
 class DataReadError(RecTrainError):
     """Another rank failed to read its next batch; every rank stops at the same step (see that rank's log)."""

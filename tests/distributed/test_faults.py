@@ -60,6 +60,8 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_like_an_uninter
     log = events(tmp_path / "metrics.jsonl")
     assert max(e["step"] for e in log if e["event"] == "train") == steps, "it was killed before the end"
     assert "restart" in nodes.output().lower()
+    restarts = [e for e in log if e["event"] == "resume"]  # where the second attempt's steps start
+    assert restarts and restarts[0]["attempt"] == 1 and restarts[0]["step"] % 20 == 0
     resumed = read_manifest(tmp_path / "ckpt")
     assert (resumed.step, resumed.extra["examples"]) == (steps, rows)
     assert resumed.data_position["offset"] == rows

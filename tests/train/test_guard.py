@@ -39,6 +39,16 @@ def test_a_nan_loss_raises_and_a_finite_one_does_not():
         guard.check_loss(42, torch.tensor(float("nan")))
 
 
+def test_an_undefined_auc_only_warns_but_nan_predictions_raise(caplog):
+    guard = DivergenceGuard(RankAgreement(None), last_good_step=4)
+    nan = float("nan")
+    guard.check_eval(4, {"auc": nan, "num_examples": 0, "log_loss": nan})  # an empty held-out split
+    guard.check_eval(4, {"auc": nan, "num_examples": 32, "log_loss": 0.4})  # one class of labels
+    assert "no held-out rows" in caplog.text and "labels are all one class" in caplog.text
+    with pytest.raises(TrainingDiverged, match="at step 5: held-out AUC is nan"):
+        guard.check_eval(5, {"auc": nan, "num_examples": 32, "log_loss": nan})
+
+
 def test_an_auc_collapse_after_learning_raises_but_chance_from_the_start_only_warns(caplog):
     never_learned = DivergenceGuard(RankAgreement(None))
     for step, auc in [(10, 0.50), (20, 0.502), (30, 0.499)]:

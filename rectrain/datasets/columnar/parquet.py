@@ -54,7 +54,9 @@ class ParquetSource:
         self.sparse_columns, self.table_rows = list(sparse_columns), [int(r) for r in table_rows]
         groups: list[tuple[int, int]] = []
         rows: list[int] = []
+        self.file_starts: list[int] = []  # global row of each file's first row
         for index, path in enumerate(self.paths):
+            self.file_starts.append(sum(rows))
             parquet = self._open(path)
             self._check_schema(pa, path, parquet.schema_arrow)
             metadata = parquet.metadata
@@ -108,7 +110,8 @@ class ParquetSource:
             self._files[file_index] = self._open(self.paths[file_index])
         names = [self.label_column, *self.dense_columns, *self.sparse_columns]
         table = self._files[file_index].read_row_group(group, columns=names, use_threads=False)
-        columns = self._decode(table, self.paths[file_index], int(self.bounds[index]))
+        first_row = int(self.bounds[index]) - self.file_starts[file_index]
+        columns = self._decode(table, self.paths[file_index], first_row)
         self._cache[index] = columns
         if len(self._cache) > _CACHED_GROUPS:
             self._cache.popitem(last=False)
@@ -126,6 +129,8 @@ class ParquetSource:
         for i, name in enumerate(self.dense_columns):
             as_float = pc.cast(table.column(name), pa.float32(), safe=False)
             dense[:, i] = pc.fill_null(as_float, 0.0).to_numpy()
+        _check_finite(path, first_row, labels[:, None], [self.label_column], "label")
+        _check_finite(path, first_row, dense, self.dense_columns, "dense")
         sparse = [
             self._ids(pa, table.column(n), n, rows, path)
             for n, rows in zip(self.sparse_columns, self.table_rows)
@@ -156,6 +161,18 @@ class ParquetSource:
     def read(self, start: int, stop: int) -> Columns:
         """Rows ``start..stop`` (global row numbers over all files)."""
         return read_rows(self.bounds, self._group, start, stop)
+
+
+def _check_finite(path: Path, first_row: int, values: np.ndarray, names: Sequence[str], role: str) -> None:
+    """A NaN or infinite value (or one too large for float32) is a data error naming file, row and column:
+    a model trained on it diverges, and no learning rate fixes that."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row, column = (int(i) for i in np.argwhere(bad)[0])
+        raise DataFormatError(
+            f"{path}: row {first_row + row}: {role} column {names[column]!r} is {values[row, column]} (as "
+            "float32); replace NaN/inf in the file (a null reads as 0) or drop the row"
+        )
 
 
 def _modulo(values: np.ndarray, rows: int) -> np.ndarray:
