@@ -1,5 +1,4 @@
-"""Optimizers addressed by name, TorchRec-style: keyed, combined, wrappers, row-wise Adagrad, and the fused
-embedding optimizer (``torchrec.optim``)."""
+"""Optimizers addressed by parameter name, as ``torchrec.optim``, and the fused embedding optimizer."""
 
 from rectrain.optim.clipping import GradientClipping, GradientClippingOptimizer
 from rectrain.optim.fused import FusedEmbeddingOptimizer
