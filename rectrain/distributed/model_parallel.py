@@ -3,8 +3,9 @@
 The order of work (each a plain step below):
 1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
 2. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
-3. replace each collection by its sharded form on this rank (weights copied from the collection);
-4. move the rest to the device and wrap it in DDP, telling DDP to leave the sharded tables alone (they are
+3. agree on the CPU embedding backward that ``cpu_backward="auto"`` runs (rank 0's choice, on every rank);
+4. replace each collection by its sharded form on this rank (weights copied from the collection);
+5. move the rest to the device and wrap it in DDP, telling DDP to leave the sharded tables alone (they are
    never replicated; their updates happen inside backward).
 """
 
@@ -19,10 +20,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rectrain.distributed.backward_agreement import agree_on_auto
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
+from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choice, resolved
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
@@ -73,14 +76,20 @@ def plan_collections(
 
 
 def _shard(
-    collection: nn.Module, path: str, plan: ShardingPlan, env: ShardingEnv, device: torch.device
+    collection: nn.Module,
+    path: str,
+    plan: ShardingPlan,
+    env: ShardingEnv,
+    device: torch.device,
+    auto: BackwardChoice | None,
 ) -> nn.Module:
     module_plan = plan.get_plan_for_module(path)
     if module_plan is None:
         raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
+    optimizer = resolved(collection.fused_optimizer_config, auto)
     if isinstance(collection, EmbeddingBagCollection):
-        return ShardedEmbeddingBagCollection(collection, module_plan, env, device)
-    return ShardedEmbeddingCollection(collection, module_plan, env, device)
+        return ShardedEmbeddingBagCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
+    return ShardedEmbeddingCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
 
 
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
@@ -103,9 +112,11 @@ class DistributedModelParallel(nn.Module):
         batch_size: the per-rank batch size the planner assumes when planning.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
-    ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every collection's fused optimizer, and
-    ``state_dict()`` gives each sharded table as TorchRec does: a ``ShardedTensor`` (plain tensor if
-    data-parallel), which ``torch.distributed.checkpoint`` saves and re-shards.
+    ``dmp.cpu_backward`` says, per collection path, which kernel its tables train with and why (on CPU,
+    ``auto`` is rank 0's choice on every rank); ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every
+    collection's fused optimizer, and ``state_dict()`` gives each sharded table as TorchRec does: a
+    ``ShardedTensor`` (plain tensor if data-parallel), which ``torch.distributed.checkpoint`` saves and
+    re-shards.
     """
 
     def __init__(
@@ -132,8 +143,13 @@ class DistributedModelParallel(nn.Module):
             plan = plan_collections(collections, env, self.device, batch_size, sharders)
         self.plan = plan
         self._sharded_paths = list(collections)
+        auto = agree_on_auto(env, self.device) if collections else None
+        self.cpu_backward = {
+            path: cpu_backward_choice(c.fused_optimizer_config, self.device, auto)
+            for path, c in collections.items()
+        }
         for path, collection in collections.items():
-            module = _replace(module, path, _shard(collection, path, plan, env, self.device))
+            module = _replace(module, path, _shard(collection, path, plan, env, self.device, auto))
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)
         logger.info(

@@ -34,6 +34,7 @@ from rectrain.distributed.sequence_dist import (
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingCollection
+from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
 from rectrain.planner.types import ParameterSharding, Shard
@@ -68,6 +69,8 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ec`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
+        fused_optimizer: the fused optimizer its kernels run; default ``ec``'s (``DistributedModelParallel``
+            passes ``ec``'s with ``cpu_backward="auto"`` replaced by the kernel all ranks agreed on).
     """
 
     def __init__(
@@ -76,13 +79,15 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        *,
+        fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ec.embedding_configs()
         self.env, self._device, self._need_indices = env, device, ec.need_indices()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = ec.fused_optimizer_config
+        optimizer = fused_optimizer or ec.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_sequence_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])

@@ -35,7 +35,7 @@ from rectrain.distributed.shard_lookup import lookup
 from rectrain.distributed.sharded_table import ShardedTable
 from rectrain.distributed.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingBagCollection
-from rectrain.embedding.config import PoolingType
+from rectrain.embedding.config import FusedOptimizerConfig, PoolingType
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.embedding.table_batch import pooling_mode
@@ -52,6 +52,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ebc`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
+        fused_optimizer: the fused optimizer its kernels run; default ``ebc``'s (``DistributedModelParallel``
+            passes ``ebc``'s with ``cpu_backward="auto"`` replaced by the kernel all ranks agreed on).
     """
 
     def __init__(
@@ -60,13 +62,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
+        *,
+        fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ebc.embedding_bag_configs()
         self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = ebc.fused_optimizer_config
+        optimizer = fused_optimizer or ebc.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])

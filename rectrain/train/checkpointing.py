@@ -1,9 +1,10 @@
 """The run's side of checkpoints: preparing the directory, what position to record, resuming from the latest.
 
 The checkpoint itself (sharded tables, optimizer state, manifest) is ``rectrain.checkpoint``'s job; a run adds
-``extra = {"step", "examples"}`` and the global data position (``data_position``, a ``DataPosition``: rows of
-the epoch consumed by the whole job, or batches per rank for synthetic data). A resume on any number of ranks
-continues the data there. A checkpoint without ``data_position`` (older rectrain) resumes as those versions
+``extra = {"step", "examples", "cpu_backward"}`` (``cpu_backward``: the CPU embedding backward that trained it
+and why) and the global data position (``data_position``, a ``DataPosition``: rows of the epoch consumed by
+the whole job, or batches per rank for synthetic data). A resume on any number of ranks continues the data
+there. A checkpoint without ``data_position`` (older rectrain) resumes as those versions
 did, each rank skipping ``step`` batches of its stream, with a warning when the world size changed.
 """
 
@@ -143,7 +144,11 @@ def save(
         optimizer=training.optimizer,
         step=position.step,
         model_config=config.model,
-        extra={"step": position.step, "examples": position.examples},
+        extra={
+            "step": position.step,
+            "examples": position.examples,
+            "cpu_backward": training.cpu_backward.to_dict(),
+        },
         env=env,
         keep_last=config.checkpoint.keep_last,
         data_position=position.data.to_dict(),
