@@ -1,11 +1,11 @@
 """EmbeddingBagCollection forward+backward (fused row-wise Adagrad) vs raw FBGEMM TBE and nn.EmbeddingBag.
 
-``rectrain ebc`` runs the backward ``auto`` picks on this machine (printed); ``ebc native bwd`` (our compiled
-backward, rectrain.embedding.cpu_kernel) and ``ebc fbgemm bwd`` force either kernel
-(rectrain.embedding.native_backward). All variants run FBGEMM's forward.
+``rectrain ebc`` runs the backward ``auto`` picks on this machine (printed, with why); ``ebc native bwd``
+(our compiled backward, rectrain.embedding.cpu_kernel) and ``ebc fbgemm bwd`` force either kernel
+(rectrain.embedding.backward_choice). All variants run FBGEMM's forward.
 The standard workload's tables (bench/WORKLOAD.md): 8 tables x 100,000 rows x 64 dims, one feature each,
-1..39 ids per example per feature, batch 2048, lr 0.05. Each timed step runs the three variants back to back
-in a rotating order on the same pre-built batch, so machine noise hits them alike; the figure per variant
+1..39 ids per example per feature, batch 2048, lr 0.05. Each timed step runs the variants back to back in a
+seeded random order on the same pre-built batch, so machine noise hits them alike; the figure per variant
 is the median over the timed steps. The raw TBE is built with the same arguments our collection passes to
 FBGEMM, so the ratio measures the collection's own overhead (input routing, output wrapping).
 
@@ -18,6 +18,7 @@ the GPU) and leaves out the two forced-backward variants, which are CPU kernels.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -38,8 +39,8 @@ from machine import print_machine
 from torch import Tensor, nn
 
 from rectrain.embedding import EmbeddingBagCollection
+from rectrain.embedding.backward_choice import auto_choice
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
-from rectrain.embedding.native_backward import auto_choice
 from rectrain.sparse import KeyedJaggedTensor
 
 LR = 0.05
@@ -123,15 +124,21 @@ def embedding_bags(args: argparse.Namespace) -> Callable[[KeyedJaggedTensor, Ten
 def time_variants(
     variants: dict[str, Callable[[KeyedJaggedTensor, Tensor], None]], args: argparse.Namespace
 ) -> dict[str, float]:
-    """Median ms/step of each variant; variants alternate within every step, order rotating."""
+    """Median ms/step of each variant; variants alternate within every step, in a seeded random order.
+
+    Not a rotation: under rotation a variant always follows the same one, and a variant run just after an
+    OpenMP one (FBGEMM's step, nn.EmbeddingBag's) shares the cores with its still-spinning threads (measured:
+    the compiled-kernel variant took 124 ms after another compiled one, 190 ms after nn.EmbeddingBag)."""
     gen = torch.Generator().manual_seed(0)
     batches = [make_batch(args, gen) for _ in range(4)]
     grad = torch.randn(args.batch_size, args.tables * args.dim, generator=gen).to(args.device)
     names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in names}
+    shuffle = random.Random(0).shuffle
     for step in range(args.warmup + args.steps):
         kjt = batches[step % len(batches)]
-        order = names[step % len(names) :] + names[: step % len(names)]
+        order = list(names)
+        shuffle(order)
         for name in order:
             synchronize(args.device)
             start = time.perf_counter()
@@ -187,8 +194,11 @@ def main() -> None:
         return
     for name in ("ebc native bwd", "ebc fbgemm bwd"):
         print(f"{name} fwd+bwd vs raw fbgemm {ms[name] / raw:.3f}")
-    print(f"auto kernel here: {auto_choice()}")
+    choice = auto_choice()
+    print(f"auto kernel here: {choice.kernel} ({choice.reason})")
     print(f"rectrain ebc (auto kernel) fwd+bwd vs raw fbgemm {ms['rectrain ebc'] / raw:.3f}")
+    faster = min(ms["ebc native bwd"], ms["ebc fbgemm bwd"])
+    print(f"auto vs the faster forced kernel {ms['rectrain ebc'] / faster:.3f}")
 
 
 if __name__ == "__main__":

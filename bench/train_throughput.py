@@ -52,7 +52,7 @@ from torchrec_reference import check_gpus, peer_python
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
-from rectrain.embedding.native_backward import auto_choice
+from rectrain.embedding.backward_choice import BackwardChoice
 from rectrain.models import DLRM, Batch, DLRMTrain
 from rectrain.train import TrainPipelineBase, TrainPipelineSparseDist
 
@@ -211,14 +211,15 @@ def run_rank(rank: int, run: Run, store_dir: str, out) -> None:
     if rank == 0:
         path = next(iter(dmp.plan.plan))
         plan = {name: s.sharding_type.value for name, s in dmp.plan.get_plan_for_module(path).items()}
-        out.put((ws * run.batch * run.steps / dt, 1e3 * dt / run.steps, setup_s, plan))
+        kernel = dmp.cpu_backward[path]
+        out.put((ws * run.batch * run.steps / dt, 1e3 * dt / run.steps, setup_s, plan, kernel))
     if run.profile_steps:
         profile_rank(step, run.profile_steps, rank, device)
     dist.destroy_process_group()
 
 
-def run_ours(run: Run) -> tuple[float, float, float, dict]:
-    """(examples/s, ms/step, setup s, plan) of one run."""
+def run_ours(run: Run) -> tuple[float, float, float, dict, BackwardChoice]:
+    """(examples/s, ms/step, setup s, plan, the embedding backward every rank ran) of one run."""
     q = mp.get_context("spawn").SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="rectrain-bench-") as tmp:
         mp.start_processes(run_rank, args=(run, tmp, q), nprocs=run.world_size, start_method="spawn")
@@ -262,10 +263,11 @@ def measure(a: argparse.Namespace, repeat: int) -> tuple[float, float | None]:
     for mode in modes:
         profile = a.profile if repeat == 0 and mode == modes[-1] else 0
         run = Run(a.world_size, a.steps, a.batch, a.device, mode, profile)
-        examples_s, ms, setup_s, plan = run_ours(run)
+        examples_s, ms, setup_s, plan, kernel = run_ours(run)
         figures[mode] = examples_s
         if repeat == 0 and mode == modes[0]:
             print(f"plan: {plan}")
+            print(f"embedding backward: {kernel.kernel} ({kernel.reason})", flush=True)
         label = "" if mode == "loop" else f" ({mode})"
         on = "" if a.device == "cpu" else f", {a.device}"
         print(
@@ -305,8 +307,6 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     a = parse_args()
     print_machine(a.device)
-    if a.device == "cpu":
-        print(f"CPU embedding backward (auto): {auto_choice()}", flush=True)
     ours, plains, peers, bounds = [], [], [], []
     for repeat in range(a.repeats):
         examples_s, plain_s = measure(a, repeat)

@@ -4,8 +4,9 @@ The order of work (each a plain step below):
 1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
 2. take each collection's fused optimizer as TorchRec takes it (``fused_params``), or refuse;
 3. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
-4. replace each collection by its sharded form on this rank (weights copied from the collection);
-5. move the rest to the device and wrap it in DDP, telling DDP to leave the fused tables alone (they are
+4. agree on the CPU embedding backward that ``cpu_backward="auto"`` runs (rank 0's choice, on every rank);
+5. replace each collection by its sharded form on this rank (weights copied from the collection);
+6. move the rest to the device and wrap it in DDP, telling DDP to leave the fused tables alone (they are
    never replicated; their updates happen inside backward). Trainable data-parallel tables (a collection
    built TorchRec's way) are DDP's like any dense parameter.
 """
@@ -22,10 +23,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rectrain.distributed import fused_params
+from rectrain.distributed.backward_agreement import agree_on_auto
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection, FusedOptimizerConfig
+from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choice, resolved
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
@@ -106,13 +109,15 @@ def _shard(
     env: ShardingEnv,
     device: torch.device,
     optimizer: FusedOptimizerConfig,
+    auto: BackwardChoice | None,
 ) -> nn.Module:
     module_plan = plan.get_plan_for_module(path)
     if module_plan is None:
         raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
+    optimizer = resolved(optimizer, auto)
     if isinstance(collection, EmbeddingBagCollection):
-        return ShardedEmbeddingBagCollection(collection, module_plan, env, device, optimizer)
-    return ShardedEmbeddingCollection(collection, module_plan, env, device, optimizer)
+        return ShardedEmbeddingBagCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
+    return ShardedEmbeddingCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
 
 
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
@@ -136,9 +141,11 @@ class DistributedModelParallel(nn.Module):
         batch_size: the per-rank batch size the planner assumes when planning.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
-    ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every collection's fused optimizer, and
-    ``state_dict()`` gives each sharded table as TorchRec does: a ``ShardedTensor`` (plain tensor if
-    data-parallel), which ``torch.distributed.checkpoint`` saves and re-shards.
+    ``dmp.cpu_backward`` says, per collection path, which kernel its tables train with and why (on CPU,
+    ``auto`` is rank 0's choice on every rank); ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every
+    collection's fused optimizer, and ``state_dict()`` gives each sharded table as TorchRec does: a
+    ``ShardedTensor`` (plain tensor if data-parallel), which ``torch.distributed.checkpoint`` saves and
+    re-shards.
     """
 
     def __init__(
@@ -166,8 +173,12 @@ class DistributedModelParallel(nn.Module):
             plan = plan_collections(collections, env, self.device, batch_size, sharders, optimizers)
         self.plan = plan
         self._sharded_paths = list(collections)
+        auto = agree_on_auto(env, self.device) if collections else None
+        self.cpu_backward = {
+            path: cpu_backward_choice(optimizers[path], self.device, auto) for path in collections
+        }
         for path, collection in collections.items():
-            sharded = _shard(collection, path, plan, env, self.device, optimizers[path])
+            sharded = _shard(collection, path, plan, env, self.device, optimizers[path], auto)
             module = _replace(module, path, sharded)
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)

@@ -70,7 +70,8 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ec`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
-        optimizer: the sharded tables' fused optimizer; default ``ec``'s.
+        fused_optimizer: the fused optimizer its kernels run; default ``ec``'s (``DistributedModelParallel``
+            passes ``ec``'s with ``cpu_backward="auto"`` replaced by the kernel all ranks agreed on).
     """
 
     def __init__(
@@ -79,14 +80,15 @@ class ShardedEmbeddingCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
-        optimizer: FusedOptimizerConfig | None = None,
+        *,
+        fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ec.embedding_configs()
         self.env, self._device, self._need_indices = env, device, ec.need_indices()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = optimizer or ec.fused_optimizer_config
+        optimizer = fused_optimizer or ec.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         if ec.fused_optimizer_config is None and len(routed) < len(tables):
             raise ConfigError(

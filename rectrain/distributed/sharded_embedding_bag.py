@@ -53,8 +53,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: table name -> how it is sharded (every table of ``ebc`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
-        optimizer: the sharded tables' fused optimizer; default ``ebc``'s. When ``ebc`` was built without one
-            (TorchRec's way), its data-parallel tables stay trainable parameters (``dense_data_parallel``).
+        fused_optimizer: the fused optimizer its kernels run; default ``ebc``'s (``DistributedModelParallel``
+            passes the one taken TorchRec's way, with ``cpu_backward="auto"`` replaced by the kernel all
+            ranks agreed on). When ``ebc`` was built without one (TorchRec's way), its data-parallel tables
+            stay trainable parameters (``dense_data_parallel``).
     """
 
     def __init__(
@@ -63,14 +65,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
         shardings: Mapping[str, ParameterSharding],
         env: ShardingEnv,
         device: torch.device,
-        optimizer: FusedOptimizerConfig | None = None,
+        *,
+        fused_optimizer: FusedOptimizerConfig | None = None,
     ) -> None:
         super().__init__()
         tables = ebc.embedding_bag_configs()
         self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
-        optimizer = optimizer or ebc.fused_optimizer_config
+        optimizer = fused_optimizer or ebc.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])

@@ -50,7 +50,11 @@ if njit is not None:
 
     @intrinsic
     def prefetch(typingctx, array, index):  # noqa: ARG001 - numba's intrinsic signature
-        """``llvm.prefetch`` of ``array[index]``'s cache line into all cache levels."""
+        """``llvm.prefetch`` of ``array[index]``'s cache line into L2 (``prefetcht1``), not L1.
+
+        The row loop prefetches a block of rows (about 160 lines) at a time; into L1 (``prefetcht0``) they
+        queue for its few miss buffers and stall the loop: measured on an AMD EPYC (Zen 4), one thread,
+        the standard tables, the whole backward took 37-44 ms with L1 prefetches and 24-30 ms with L2."""
         if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
             return None
 
@@ -63,7 +67,7 @@ if njit is not None:
             byte_pointer, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
             function_type = ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32])
             function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.prefetch.p0")
-            builder.call(function, [builder.bitcast(pointer, byte_pointer), i32(0), i32(3), i32(1)])
+            builder.call(function, [builder.bitcast(pointer, byte_pointer), i32(0), i32(2), i32(1)])
             return context.get_dummy_value()
 
         return types.void(array, index), codegen
@@ -84,6 +88,10 @@ if njit is not None:
         """Pass 1: count the ids of each owned row, listing each row once; -(position + 1) if out of range."""
         indices, offsets = ids[0], ids[1]
         n, base, num_rows, mask = 0, lay[ROW_BASE][t], lay[ROWS][t], parts - 1
+        # The table's counts were last touched a step ago and are out of the caches by now; read at random
+        # below, each one would wait for memory behind the branch on its value (measured: 35 ms of 327k ids
+        # cold, 5 ms after this sweep, which streams them in at memory bandwidth).
+        _prefetch_row(counts, base, num_rows)
         for j in range(lay[FEATURE_PTR][t], lay[FEATURE_PTR][t + 1]):
             f = lay[FEATURES][j]
             for pos in range(offsets[f * batch], offsets[(f + 1) * batch]):

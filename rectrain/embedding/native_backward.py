@@ -14,20 +14,11 @@ weighted MEAN tables as SUM and divide afterwards, so only direct TBE users see 
 to FBGEMM (``use_native_backward`` declines it). The state lives in the TBE's own buffers, so
 checkpoints and kernels are interchangeable: either backward may continue a run the other started.
 
-Which kernel runs (``FusedOptimizerConfig.cpu_backward``, or ``RECTRAIN_CPU_BACKWARD`` for ``auto``):
-``auto`` keeps FBGEMM where it has AVX-512 code and takes the compiled kernel elsewhere (where it compiles;
-FBGEMM otherwise). Measured on a 2-core AVX-512 Xeon: one thread of ours costs 1.4-1.6x the CPU time of
-FBGEMM's AVX-512 backward, so there ours is not reliably faster (it is at 2 threads on a loaded machine,
-where FBGEMM's OpenMP barriers stall); without AVX-512 FBGEMM's backward can be several times slower
-(issue 13: 105 ms on an AVX2 EPYC, serial CSR->CSC), where ours does not depend on FBGEMM's ISA. A fixed
-rule rather than a timing calibration: a run's kernel, and so its bits, must not depend on machine noise.
+Which kernel runs is ``rectrain.embedding.backward_choice``'s decision (``auto``: ours wherever it compiles).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
 from typing import Any
 
 import torch
@@ -35,62 +26,20 @@ from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor
 
+from rectrain.embedding.backward_choice import NATIVE_OPTIMIZERS, cpu_backward_choice, log_choice
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
 from rectrain.embedding.torch_ops_backward import torch_ops_update_
-from rectrain.errors import ConfigError
-
-logger = logging.getLogger(__name__)
-ENV_VAR = "RECTRAIN_CPU_BACKWARD"
-_NATIVE_OPTIMIZERS = (EmbOptimType.SGD, EmbOptimType.ADAGRAD, EmbOptimType.ROWWISE_ADAGRAD)
-
-
-def cpu_has_avx512() -> bool:
-    """Whether this CPU runs FBGEMM's AVX-512 kernels (Linux /proc/cpuinfo; False where unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
-    except OSError:
-        return False
-    limited = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() in ("AVX2", "AVX")
-    return " avx512f " in f" {flags.split(':', 1)[-1].strip()} " and not limited
-
-
-def auto_choice() -> str:
-    """The kernel ``auto`` picks in this process (``RECTRAIN_CPU_BACKWARD`` may force one)."""
-    forced = os.environ.get(ENV_VAR, "auto").lower()
-    if forced not in ("auto", "fbgemm", "native"):
-        raise ConfigError(f"{ENV_VAR} must be auto, fbgemm or native; got {forced!r}")
-    if forced != "auto":
-        return forced
-    return "native" if not cpu_has_avx512() and compiled_ready() else "fbgemm"
-
-
-@functools.cache
-def _log_choice(choice: str, forced: str) -> None:
-    compiled = compiled_ready()
-    logger.info(
-        "CPU fused embedding backward: %s (%s; %s=%s; compiled kernel %s; FBGEMM ISA %s)",
-        choice,
-        "chosen" if forced == "auto" else "forced",
-        ENV_VAR,
-        os.environ.get(ENV_VAR, "auto"),
-        "available" if compiled else "unavailable (numba missing or failed; see earlier warning)",
-        "AVX-512" if cpu_has_avx512() else "AVX2 or older",
-    )
 
 
 def use_native_backward(config: FusedOptimizerConfig, device: torch.device, precision: SparseType) -> bool:
     """Whether a TBE with this optimizer, device and weight precision runs the native CPU backward."""
-    if device.type != "cpu" or config.optimizer not in _NATIVE_OPTIMIZERS or precision != SparseType.FP32:
+    if config.optimizer not in NATIVE_OPTIMIZERS or precision != SparseType.FP32:
         return False
-    if config.weight_decay:
-        # FBGEMM's CPU SGD and Adagrad ignore weight decay and its row-wise Adagrad applies its own variant;
-        # staying on FBGEMM keeps both kernels' results interchangeable.
-        return False
-    choice = config.cpu_backward if config.cpu_backward != "auto" else auto_choice()
-    _log_choice(choice, config.cpu_backward)
-    return choice == "native"
+    choice = cpu_backward_choice(config, device)
+    if config.cpu_backward == "auto" and device.type == "cpu":
+        log_choice(choice)
+    return choice.kernel == "native"
 
 
 class _NativeLookupFunction(torch.autograd.Function):

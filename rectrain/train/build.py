@@ -17,6 +17,7 @@ from torch import nn
 
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
 from rectrain.distributed.model_parallel import find_collections
+from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choice
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
@@ -31,7 +32,8 @@ _GIB = 1024**3
 class TrainingModel:
     """What the loop needs: ``model(batch)`` (the sharded training model), its optimizer and plan.
 
-    ``prediction_model(dense, kjt) -> logits [B]`` is the model inside, used for evaluation.
+    ``prediction_model(dense, kjt) -> logits [B]`` is the model inside, used for evaluation;
+    ``cpu_backward`` the kernel its tables train with and why (the same on every rank).
     """
 
     model: nn.Module
@@ -39,6 +41,7 @@ class TrainingModel:
     prediction_model: nn.Module
     plan: ShardingPlan | None
     device: torch.device
+    cpu_backward: BackwardChoice
 
 
 def resolve_device(config: RunConfig, env: ShardingEnv | None) -> torch.device:
@@ -173,14 +176,18 @@ def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
             train_module, env=env, device=device, plan=plan, batch_size=config.train.batch_size
         )
         sparse, inner, collections = model.fused_optimizer, model.module, model.sharded_modules()
+        cpu_backward = next(iter(model.cpu_backward.values()))
     else:
         model = inner = train_module
         collections = find_collections(model)
         members = [(path or "model", c.fused_optimizer) for path, c in collections.items()]
         sparse = members[0][1] if len(members) == 1 else CombinedOptimizer(members)
+        cpu_backward = cpu_backward_choice(fused_optimizer_config(config), device)
     embedding_params = {id(p) for c in collections.values() for p in c.parameters()}
     dense_params = [p for p in inner.parameters() if p.requires_grad and id(p) not in embedding_params]
     members = [("sparse", sparse)]
     if dense_params:
         members.insert(0, ("dense", dense_optimizer(config, dense_params)))
-    return TrainingModel(model, CombinedOptimizer(members), prediction_module(inner), plan, device)
+    return TrainingModel(
+        model, CombinedOptimizer(members), prediction_module(inner), plan, device, cpu_backward
+    )

@@ -1,9 +1,10 @@
 """The run's side of checkpoints: preparing the directory, what position to record, resuming from the latest.
 
 The checkpoint itself (sharded tables, optimizer state, manifest) is ``rectrain.checkpoint``'s job; a run adds
-``extra = {"step", "examples"}`` and the global data position (``data_position``, a ``DataPosition``: rows of
-the epoch consumed by the whole job, or batches per rank for synthetic data). A resume on any number of ranks
-continues the data there. A checkpoint without ``data_position`` (older rectrain) resumes as those versions
+``extra = {"step", "examples", "cpu_backward"}`` (``cpu_backward``: the CPU embedding backward that trained it
+and why) and the global data position (``data_position``, a ``DataPosition``: rows of the epoch consumed by
+the whole job, or batches per rank for synthetic data). A resume on any number of ranks continues the data
+there. A checkpoint without ``data_position`` (older rectrain) resumes as those versions
 did, each rank skipping ``step`` batches of its stream, with a warning when the world size changed.
 """
 
@@ -200,6 +201,7 @@ def save(
             "step": position.step,
             "examples": position.examples,
             DATA: data_identity(config),
+            "cpu_backward": training.cpu_backward.to_dict(),
             **({DENSE_RANGE: dense_range} if dense_range else {}),
         },
         env=env,

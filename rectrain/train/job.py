@@ -130,6 +130,8 @@ class TrainJob:
             reporter.write({"event": "resume", "step": position.step, "attempt": self.attempt})
         pipeline_type = TrainPipelineSparseDist if cfg.train.pipeline else TrainPipelineBase
         pipeline = pipeline_type(t.model, t.optimizer, t.device)
+        # Which kernel updates the tables: recorded, since the two sum a row's gradients in different orders.
+        reporter.write({"event": "cpu_backward", "step": position.step, **t.cpu_backward.to_dict()})
         summary = TrainSummary(start=position, end=position)
         self._saved_step = position.step if position.step else None
         self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)

@@ -5,6 +5,9 @@ Only the reporting rank (rank 0) shows the bar and writes the log. Each log line
     {"event": "train", "step": 50, "examples": 51200, "examples_per_s": 9812.4, "loss": 0.61, "time": ...}
     {"event": "eval", "step": 50, "examples": 51200, "auc": 0.71, "ne": 0.93, "log_loss": 0.6, ...}
 
+and, once at the start, ``{"event": "cpu_backward", "kernel": "native", "reason": ...}``: the embedding
+backward the run trains with, and why.
+
 ``loss`` is this rank's mean training loss since the previous train event; eval metrics are over every
 rank's held-out examples. ``examples`` counts rows of this rank's batches times the world size. ``time`` is
 seconds since the Unix epoch, ``elapsed_s`` seconds since training started. With ``tensorboard_dir`` the

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rectrain.checkpoint import load_checkpoint, save_checkpoint
-from rectrain.embedding.native_backward import auto_choice
+from rectrain.embedding.backward_choice import auto_choice
 from tests.checkpoint import common
 
 N, M = 3, 3
@@ -62,7 +62,7 @@ def test_resume_across_kernels(tmp_path, optimizer: str, writer: str, reader: st
 
 def test_auto_model_resumes_a_forced_kernel_checkpoint(tmp_path) -> None:
     """The kernel ``auto`` picks here reads what the other one wrote."""
-    other = "fbgemm" if auto_choice() == "native" else "native"
+    other = "fbgemm" if auto_choice().kernel == "native" else "native"
     at_save, writer_end = _train_save(str(tmp_path), "rowwise_adagrad", other)
     loaded, reader_end = _resume(str(tmp_path), "rowwise_adagrad", "auto")
     assert common.mismatches(at_save, loaded) == []

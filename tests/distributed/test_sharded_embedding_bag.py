@@ -91,10 +91,10 @@ def test_mixed_sharding_types_match_unsharded_training(world_size):
     assert run_multiprocess(_train_and_compare, world_size, MIXED, "sgd", False) == list(range(world_size))
 
 
-def test_mixed_sharding_types_with_our_cpu_backward(monkeypatch):
-    """Every sharded path (row-wise partial pools, column shards, data-parallel replicas) with the compiled
-    CPU backward forced; the spawned ranks inherit the environment variable."""
-    monkeypatch.setenv("RECTRAIN_CPU_BACKWARD", "native")
+def test_mixed_sharding_types_with_fbgemm_cpu_backward(monkeypatch):
+    """Every sharded path (row-wise partial pools, column shards, data-parallel replicas) with FBGEMM's CPU
+    backward forced (``auto`` runs the compiled one); the spawned ranks inherit the environment variable."""
+    monkeypatch.setenv("RECTRAIN_CPU_BACKWARD", "fbgemm")
     assert run_multiprocess(_train_and_compare, 2, MIXED, "adagrad", True) == [0, 1]
 
 

@@ -128,11 +128,3 @@ def test_sequence_lookup_matches_fbgemm(optimizer) -> None:
         for kernel in (ours, theirs):
             kernel(values, offsets).backward(grad)
         assert_same(ours, theirs)
-
-
-def test_instruction_override_counts_as_no_avx512(monkeypatch) -> None:
-    """FBGEMM_ENABLE_INSTRUCTIONS=AVX2 makes FBGEMM run its AVX2 kernels; auto must then treat it as AVX2."""
-    from rectrain.embedding.native_backward import cpu_has_avx512
-
-    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
-    assert not cpu_has_avx512()

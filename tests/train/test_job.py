@@ -15,6 +15,7 @@ import pytest
 
 from rectrain.datasets import DataPosition
 from rectrain.distributed import ShardingEnv
+from rectrain.embedding.backward_choice import auto_choice
 from rectrain.errors import RecTrainError
 from rectrain.train.config import RunConfig
 from rectrain.train.data import RunData
@@ -90,6 +91,11 @@ def test_a_run_logs_training_and_evaluation_events_and_checkpoints(tmp_path):
     assert [e["step"] for e in log if e["event"] == "checkpoint"] == [10, 20]
     assert summary.checkpoint == tmp_path / "ckpt" / "step_20"
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_20"
+    # The run records the embedding backward it trained with, in its log and in every checkpoint.
+    (record,) = [e for e in log if e["event"] == "cpu_backward"]
+    assert record["kernel"] == auto_choice().kernel and record["reason"] == auto_choice().reason
+    manifest = json.loads((summary.checkpoint / "manifest.json").read_text())
+    assert manifest["extra"]["cpu_backward"] == {"kernel": record["kernel"], "reason": record["reason"]}
 
 
 def test_pipelined_and_plain_loops_train_identically(tmp_path):
