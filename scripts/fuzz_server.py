@@ -8,10 +8,12 @@ Each input is one selector byte and a request's bytes, which go where they go in
 - Triton's repository load / unload (OIP bytes, or a REST JSON body): the control plane, which on the data
   port (``--model-control none``, the default) must refuse every one of them, whatever it says.
 A request that passes the checks is scored as the server scores a batch (``ModelRunner``, the FBGEMM kernels
-the crash of issue 17 was in, and the refusal of scores that are not finite). Only the refusals the server
-maps to a client error (``InvalidRequestError``; ``PermissionDeniedError`` for control calls) may leave our
-code; any other exception, or a crash in a kernel, stops the run and libFuzzer saves the input under
---artifacts.
+the crash of issue 17 was in, and the refusal of scores that are not finite). A gRPC request the server
+queues as parts (checked over its merged batch, issue 37) is also scored merged with a valid request: it must
+get what it got alone (the same scores or the same error), and the valid one its own scores. Only the
+refusals the server maps to a client error (``InvalidRequestError``; ``PermissionDeniedError`` for control
+calls) may leave our code; any other exception, or a crash in a kernel, stops the run and libFuzzer saves
+the input under --artifacts.
 
     python scripts/fuzz_server.py --seconds 600          # a longer run (CI runs 20 s: tests/serving)
     python scripts/fuzz_server.py --artifacts DIR crash-<sha>   # replay a saved input
@@ -41,11 +43,13 @@ with atheris.instrument_imports(include=["recserve.server"]):
     from recserve.server.core import InferenceCore
     from recserve.server.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
     from recserve.server.metrics import ServerMetrics
-    from recserve.server.oip import decode_infer_request
+    from recserve.server.oip import decode_batchable, decode_infer_request
+    from recserve.server.parts import RequestParts
     from recserve.server.protos import oip_pb2, pb2
     from recserve.server.reload import Reloader
     from recserve.server.rest_codec import infer_request, split_body
     from recserve.server.runner import ModelRunner
+    from recserve.server.servicer import decode_batchable as decode_v1_batchable
     from recserve.server.triton_ext import Repository
     from recserve.server.validation import check_request
 
@@ -77,15 +81,19 @@ def build_package(out: Path) -> Path:
     return export_package(out, model_config=cfg, state_dict=build_model(cfg).state_dict(), model_name="fuzz")
 
 
+def _valid_batch(b: int = 2) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+    lengths = torch.arange(len(FEATURES) * b) % 3
+    per_key = lengths.view(len(FEATURES), b).sum(1).tolist()
+    values = torch.cat([torch.arange(n) % rows for n, rows in zip(per_key, ROWS)])
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=values, lengths=lengths)
+    return torch.randn(b, DENSE, generator=torch.Generator().manual_seed(b)), kjt
+
+
 def seed_corpus(corpus: Path) -> None:
     """Valid requests of both kinds, raw and typed, so mutations start from messages that parse."""
     corpus.mkdir(parents=True, exist_ok=True)
     for b in (1, 3):
-        lengths = torch.arange(len(FEATURES) * b) % 3
-        per_key = lengths.view(len(FEATURES), b).sum(1).tolist()
-        values = torch.cat([torch.arange(n) % rows for n, rows in zip(per_key, ROWS)])
-        kjt = KeyedJaggedTensor(keys=FEATURES, values=values, lengths=lengths)
-        dense = torch.randn(b, DENSE)
+        dense, kjt = _valid_batch(b)
         for raw in (True, False):
             msg = encode_predict_request(dense, kjt, raw=raw).SerializeToString()
             (corpus / f"predict-b{b}-{raw}").write_bytes(bytes([PREDICT]) + msg)
@@ -233,6 +241,9 @@ class Target:
             Predictor.load(package), BatcherConfig(max_batch_size=64), package_dir=package
         )
         self.schema = self.runner.schema
+        valid = encode_predict_request(*_valid_batch()).SerializeToString()
+        self.good = decode_v1_batchable(pb2.PredictRequest.FromString(valid), self.schema)
+        (self.good_scores,) = self.runner._predict_batch([self.good], record=False)
         core = InferenceCore(self.runner)
         reloader = Reloader(core, lambda _: self.runner, ServerMetrics())
         # The data port's repository as `recserve serve` builds it by default (--model-control none).
@@ -262,13 +273,44 @@ class Target:
             if arrays is None:
                 return
             checked = check_request(arrays, self.schema)
-        except InvalidRequestError:
+        except InvalidRequestError as error:
+            self._same_in_a_batch(kind, payload, error)
             return
         (scores,) = self.runner._predict_batch([checked], record=False)
+        self._same_in_a_batch(kind, payload, scores)
         if isinstance(scores, InvalidRequestError):
             return  # not finite: the server refuses the request (recserve_nonfinite_scores_total)
         if scores.shape != (checked.batch_size,) or not bool(torch.isfinite(scores).all()):
             raise AssertionError(f"scores {scores} for a checked batch of {checked.batch_size}")
+
+    def _same_in_a_batch(self, kind: int, payload: bytes, alone) -> None:
+        """A gRPC request the server queues as parts (checked over its batch, issue 37), merged with a valid
+        one: it gets what the exact path gave it alone (the same scores, or the same error), and the valid
+        request its own scores."""
+        if kind not in (PREDICT, INFER):
+            return
+        request = self.parse[kind](payload)
+        if isinstance(request, UndecodableRequest):
+            return
+        try:
+            if kind == PREDICT:
+                parts = decode_v1_batchable(request, self.schema)
+            else:
+                parts = decode_batchable(request, self.schema, self.runner.oip_layout)
+        except InvalidRequestError as error:  # request parameters or outputs: the exact path's refusal
+            if str(error) != str(alone):
+                raise AssertionError(f"refused as {error!r} in a batch, as {alone!r} alone") from None
+            return
+        if not isinstance(parts, RequestParts):
+            return  # the server checks it on arrival, by the exact path
+        good, got = self.runner._predict_batch([self.good, parts], record=False)
+        if not torch.equal(good, self.good_scores):
+            raise AssertionError("a valid request's scores changed in a batch with this one")
+        if isinstance(alone, Exception) or isinstance(got, Exception):
+            if type(got) is not type(alone) or str(got) != str(alone):
+                raise AssertionError(f"{got!r} in a batch, {alone!r} alone")
+        elif not torch.equal(got, alone):
+            raise AssertionError(f"scores {got} in a batch, {alone} alone")
 
     def _decode(self, kind: int, binary: int, payload: bytes):
         if kind == REST_INFER:

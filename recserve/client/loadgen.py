@@ -22,7 +22,6 @@ import torch
 
 from recserve.client.client import PredictorClient, ServedModel
 from recserve.server.codec import encode_predict_request
-from rectrain.sparse import KeyedJaggedTensor
 
 PREDICT_METHOD = "/recserve.v1.Predictor/Predict"
 
@@ -38,6 +37,7 @@ class LoadgenConfig:
     timeout_s: float = 5.0
     ids_per_feature: int = 20  # mean ids per example and feature (uniform 1 .. 2 * mean - 1)
     seed: int = 0
+    method: str = PREDICT_METHOD  # the RPC the requests are for (bytes in, bytes out)
 
 
 @dataclass
@@ -74,19 +74,12 @@ def build_requests(
     model: ServedModel, batch: int, count: int, ids_per_feature: int, seed: int
 ) -> list[bytes]:
     """``count`` serialized PredictRequests of ``batch`` examples fitting ``model``'s schema."""
+    from recserve.client.oip_requests import random_batch
+
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(count):
-        lengths = torch.randint(1, 2 * ids_per_feature, (len(model.features) * batch,), generator=g)
-        parts, start = [], 0
-        for f in model.features:
-            n = int(lengths[start : start + batch].sum())
-            parts.append(torch.randint(0, f.num_embeddings, (n,), generator=g))
-            start += batch
-        kjt = KeyedJaggedTensor(
-            keys=model.feature_names, values=torch.cat(parts), lengths=lengths, validate=False
-        )
-        dense = torch.randn(batch, model.dense_in_features, generator=g)
+        dense, kjt = random_batch(model, batch, ids_per_feature, g)
         out.append(encode_predict_request(dense, kjt, request_id=f"loadgen-{i}").SerializeToString())
     return out
 
@@ -113,7 +106,7 @@ async def _caller(call, requests: list[bytes], offset: int, t_from: float, t_to:
         i += 1
 
 
-async def _run_process(target, requests, callers, t_from, t_to, timeout, offset):
+async def _run_process(target, method, requests, callers, t_from, t_to, timeout, offset):
     import grpc
 
     options = [
@@ -129,9 +122,7 @@ async def _run_process(target, requests, callers, t_from, t_to, timeout, offset)
         await asyncio.gather(
             *(
                 # bytes in, bytes out: no (de)serialization cost
-                _caller(
-                    channel.unary_unary(PREDICT_METHOD), requests, offset + 7 * c, t_from, t_to, timeout, out
-                )
+                _caller(channel.unary_unary(method), requests, offset + 7 * c, t_from, t_to, timeout, out)
                 for c, channel in enumerate(channels)
             )
         )
@@ -141,13 +132,15 @@ async def _run_process(target, requests, callers, t_from, t_to, timeout, offset)
 
 
 def _process_main(
-    target, requests, callers, warmup_s, duration_s, timeout, offset, ready, go, results
+    target, method, requests, callers, warmup_s, duration_s, timeout, offset, ready, go, results
 ) -> None:
     ready.set()
     go.wait()
     t0 = time.perf_counter()
     lat, errors = asyncio.run(
-        _run_process(target, requests, callers, t0 + warmup_s, t0 + warmup_s + duration_s, timeout, offset)
+        _run_process(
+            target, method, requests, callers, t0 + warmup_s, t0 + warmup_s + duration_s, timeout, offset
+        )
     )
     results.put((lat, dict(errors)))
 
@@ -195,7 +188,7 @@ def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> Load
     nproc = cfg.processes or min(cfg.concurrency, os.cpu_count() or 1)
     shares = [cfg.concurrency // nproc + (1 if i < cfg.concurrency % nproc else 0) for i in range(nproc)]
     process_args = [
-        (cfg.target, requests, callers, cfg.warmup_s, cfg.duration_s, cfg.timeout_s, 3 * i)
+        (cfg.target, cfg.method, requests, callers, cfg.warmup_s, cfg.duration_s, cfg.timeout_s, 3 * i)
         for i, callers in enumerate(s for s in shares if s)
     ]
     wait_s = cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120

@@ -36,6 +36,7 @@ class OpenLoopConfig:
     timeout_s: float = 5.0
     seed: int = 0
     reply_timings: bool = False  # parse each PredictResponse for its server-side timings
+    method: str = PREDICT_METHOD  # the RPC the requests are for (bytes in, bytes out)
 
 
 @dataclass
@@ -105,7 +106,7 @@ async def _one(call, payload: bytes, scheduled: float, timeout: float, t_from: f
             out[0].append((latency, t.server_seconds, t.queue_seconds, t.inference_seconds))
 
 
-async def _arrivals(target, requests, rate, channels, t0, t_from, t_to, timeout, seed, reply_timings):
+async def _arrivals(target, method, requests, rate, channels, t0, t_from, t_to, timeout, seed, reply_timings):
     import grpc
 
     parse = None
@@ -120,7 +121,7 @@ async def _arrivals(target, requests, rate, channels, t0, t_from, t_to, timeout,
         ("grpc.use_local_subchannel_pool", 1),  # one connection per channel, spread over the workers
     ]
     pool = [grpc.aio.insecure_channel(target, options=options) for _ in range(channels)]
-    calls = [ch.unary_unary(PREDICT_METHOD) for ch in pool]
+    calls = [ch.unary_unary(method) for ch in pool]
     rng = random.Random(seed)
     out: tuple[list[float], Counter] = ([], Counter())
     tasks = set()
@@ -153,7 +154,17 @@ def _process_main(cfg: OpenLoopConfig, requests, rate, seed, ready, go, results)
     t_from, t_to = t0 + cfg.warmup_s, t0 + cfg.warmup_s + cfg.duration_s
     lat, errors = asyncio.run(
         _arrivals(
-            cfg.target, requests, rate, cfg.channels, t0, t_from, t_to, cfg.timeout_s, seed, cfg.reply_timings
+            cfg.target,
+            cfg.method,
+            requests,
+            rate,
+            cfg.channels,
+            t0,
+            t_from,
+            t_to,
+            cfg.timeout_s,
+            seed,
+            cfg.reply_timings,
         )
     )
     results.put((lat, dict(errors)))

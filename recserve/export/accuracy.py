@@ -159,4 +159,15 @@ def accuracy_report(
         else:
             by_dtype[name] = result
     report["by_dtype"] = by_dtype
+    if dense_dtype == "fp32":  # what serving may run instead where the CPU has native bf16 (dense_precision)
+        predictor = Predictor.build(
+            cfg,
+            split_by_placement(quantized, placement),
+            placement,
+            dense_state,
+            metadata=metadata_for(cfg, {}),
+            dense_dtype="bf16",
+        )
+        logits = _batched_logits(predictor.predict_logits, sample)
+        report["dense_bf16"] = _compare(reference, logits, labels, reference_auc)
     return report

@@ -9,6 +9,7 @@ from typing import Any
 
 from recserve.errors import ExportError
 from recserve.export.exporter import DEFAULT_MAX_AUC_DROP, export_package
+from recserve.export.triton_repository import TritonOptions, write_triton_repository
 from recserve.runtime.layout import TableDType
 from recserve.runtime.package import read_manifest
 from recserve.runtime.predictor import DENSE_DTYPES
@@ -33,12 +34,17 @@ def add_export_command(subparsers: Any) -> None:
         help="a model trained with TorchRec: a torch.distributed.checkpoint directory (e.g. saved from "
         "DistributedModelParallel, any world size) or a .safetensors file of its state_dict()",
     )
+    source.add_argument(
+        "--package",
+        metavar="DIR",
+        help="an exported package: write only its --triton-repository (no export)",
+    )
     parser.add_argument(
         "--model-config",
         metavar="MODEL.toml|json",
         help="with --from-torchrec: the architecture, as our ModelConfig ([model] table or the table itself)",
     )
-    parser.add_argument("--out", required=True, help="package directory to create")
+    parser.add_argument("--out", help="package directory to create (required unless --package)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     parser.add_argument("--dtype", default="int8", choices=dtypes, help="storage of every table")
     parser.add_argument(
@@ -73,6 +79,28 @@ def add_export_command(subparsers: Any) -> None:
         "each column's scale) are refused by the server (default), clipped, or not bounded",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing package at --out")
+    triton = parser.add_argument_group("Triton model repository (Python backend hosting the package)")
+    triton.add_argument(
+        "--triton-repository",
+        metavar="DIR",
+        help="also write DIR/<model>/{config.pbtxt,<version>/} so that tritonserver serves the package",
+    )
+    defaults = TritonOptions()
+    triton.add_argument(
+        "--triton-instances", type=int, default=defaults.instances, help="model instances (one per core)"
+    )
+    triton.add_argument(
+        "--triton-max-requests",
+        type=int,
+        default=defaults.max_requests_per_batch,
+        help="requests per batch of Triton's dynamic batcher (default %(default)s)",
+    )
+    triton.add_argument(
+        "--triton-max-queue-delay-us",
+        type=int,
+        default=defaults.max_queue_delay_us,
+        help="Triton's max_queue_delay_microseconds (default %(default)s)",
+    )
     parser.set_defaults(func=run_export)
 
 
@@ -103,8 +131,30 @@ def default_model_name(checkpoint: str | Path, extra: dict[str, Any]) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    if args.from_torchrec is not None:
-        return run_torchrec_export(args)
+    if args.package is None and args.out is None:
+        raise ExportError("--out: required (the package directory to create)")
+    if args.package is not None:
+        if args.triton_repository is None:
+            raise ExportError("--package: only writes a --triton-repository; give one")
+        return _write_triton(Path(args.package), args)
+    code = run_torchrec_export(args) if args.from_torchrec is not None else _run_checkpoint_export(args)
+    if args.triton_repository is not None:
+        _write_triton(Path(args.out), args)
+    return code
+
+
+def _write_triton(package: Path, args: argparse.Namespace) -> int:
+    options = TritonOptions(
+        max_requests_per_batch=args.triton_max_requests,
+        max_queue_delay_us=args.triton_max_queue_delay_us,
+        instances=args.triton_instances,
+    )
+    model_dir = write_triton_repository(package, args.triton_repository, options)
+    print(f"wrote Triton model {model_dir} (Python backend; recserve and torch must be on its PYTHONPATH)")
+    return 0
+
+
+def _run_checkpoint_export(args: argparse.Namespace) -> int:
     if args.model_config is not None:
         raise ExportError("--model-config applies to --from-torchrec; a checkpoint records its model config")
     from rectrain.checkpoint import load_full_state

@@ -94,6 +94,10 @@ def _quantize_all(
 def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool) -> None:
     drop = -report["package"]["auc_diff"]
     report["max_auc_drop"] = max_auc_drop
+    bf16 = report.get("dense_bf16")
+    if bf16 is not None:  # serving runs the dense part in bf16 only within the same gate
+        bf16_drop = -bf16["auc_diff"]
+        bf16["allowed"] = bool(math.isnan(bf16_drop) or bf16_drop <= max_auc_drop)
     if math.isnan(drop):
         # Every logit of the fp32 model is equal: no ranking to lose, so only the logit differences speak.
         logger.warning("AUC is undefined on the accuracy sample (constant fp32 logits); not gating on it")

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from recserve.errors import PackageError
 from recserve.runtime.assembly import build_skeleton, compile_dense_part, replace_module
 from recserve.runtime.dense_bounds import DenseBounds
+from recserve.runtime.dense_precision import choose_dense_dtype
 from recserve.runtime.layout import QuantizedTable
 from recserve.runtime.package import (
     DENSE_FILE,
@@ -144,8 +145,13 @@ class Predictor:
         *,
         verify: bool = True,
         compile_dense: bool = False,
+        dense_dtype: str | None = None,
     ) -> Predictor:
         """Load a package: check every file's sha256 (unless ``verify=False``), then build the model.
+
+        ``dense_dtype`` (auto, fp32, bf16; None: ``$RECSERVE_DENSE_DTYPE``, else auto): an fp32 dense part
+        runs in bf16 where the CPU has native bf16 and the package's accuracy gate allows it
+        (:mod:`recserve.runtime.dense_precision`); the choice is logged.
 
         ``device`` runs the dense part and every lookup device of the package's placement whose type
         differs (a package exported for several GPUs also loads on one CPU). Raises ``PackageError`` naming
@@ -173,6 +179,9 @@ class Predictor:
         )
         metadata = replace(metadata, dense_bounds=bounds)
         shards = load_shards(package_dir, manifest)
+        chosen, why = choose_dense_dtype(
+            manifest.dense_dtype, manifest.accuracy, torch.device(device).type, dense_dtype
+        )
         try:
             predictor = cls.build(
                 cfg,
@@ -180,7 +189,7 @@ class Predictor:
                 manifest.placement,
                 load_dense(package_dir),
                 metadata=metadata,
-                dense_dtype=manifest.dense_dtype,
+                dense_dtype=chosen,
                 device=device,
                 compile_dense=compile_dense,
             )
@@ -189,11 +198,13 @@ class Predictor:
                 f"{Path(package_dir) / DENSE_FILE}: does not fit model_config ({error})"
             ) from None
         logger.info(
-            "loaded %s version %s from %s in %.2f s",
+            "loaded %s version %s from %s in %.2f s; dense part in %s (%s)",
             manifest.model_name,
             manifest.version,
             package_dir,
             time.perf_counter() - started,
+            chosen,
+            why,
         )
         return predictor
 

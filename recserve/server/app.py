@@ -48,12 +48,16 @@ _MAX_PENDING_CALLS = 1 << 20
 
 
 def load_runner(
-    package_dir: Path, batcher_config: BatcherConfig, metrics: ServerMetrics, device: str = "cpu"
+    package_dir: Path,
+    batcher_config: BatcherConfig,
+    metrics: ServerMetrics,
+    device: str = "cpu",
+    dense_dtype: str | None = None,
 ) -> ModelRunner:
     """Loads a package with ``recserve.runtime.Predictor`` and warms it up behind a fresh batcher."""
     from recserve.runtime import Predictor
 
-    predictor = Predictor.load(package_dir, device=device)
+    predictor = Predictor.load(package_dir, device=device, dense_dtype=dense_dtype)
     runner = ModelRunner(
         predictor,
         batcher_config,
@@ -111,12 +115,12 @@ class RecServer:
             )
         check_version_dir(Path(package), cfg.watch)
         bc = cfg.batcher_config()
-        runner = load_runner(Path(package), bc, self.metrics, cfg.device)
+        runner = load_runner(Path(package), bc, self.metrics, cfg.device, cfg.dense_dtype)
         self.core = InferenceCore(runner)
         self.metrics.serving(*runner.model_id)
         self.reloader = Reloader(
             self.core,
-            lambda p: load_runner(p, bc, self.metrics, cfg.device),
+            lambda p: load_runner(p, bc, self.metrics, cfg.device, cfg.dense_dtype),
             self.metrics,
             watch_dir=cfg.watch,
             interval_s=cfg.watch_interval_s,

@@ -67,7 +67,12 @@ def _add_serve(subparsers) -> None:
         "--grpc-keepalive", type=float, default=60.0, help="seconds between pings of an idle gRPC connection"
     )
     p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--workers", type=int, default=1, help="server processes sharing the port (SO_REUSEPORT)")
+    p.add_argument(
+        "--workers",
+        default="auto",
+        help="server processes sharing the port (SO_REUSEPORT); auto (default): one per CPU the server may "
+        "use on --device cpu (each pinned to its own, one torch thread each), else 1",
+    )
     p.add_argument(
         "--no-pin-workers",
         dest="pin_workers",
@@ -104,6 +109,13 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight RPCs get on SIGTERM")
     p.add_argument("--device", default="cpu")
     p.add_argument(
+        "--dense-dtype",
+        choices=["auto", "fp32", "bf16"],
+        default=None,
+        help="the dense part's dtype; auto (default, or $RECSERVE_DENSE_DTYPE): bf16 where the CPU has "
+        "native bf16 and the package's accuracy gate allows it, else as exported",
+    )
+    p.add_argument(
         "--torch-threads", type=int, help="intra-op threads per worker (default: the CPUs it runs on)"
     )
     p.add_argument("--admin-host", default="127.0.0.1", help="admin service bind address (default loopback)")
@@ -135,7 +147,7 @@ def _add_serve(subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from recserve.server.config import ServeConfig
-    from recserve.server.workers import serve
+    from recserve.server.workers import resolve_workers, serve
 
     logging.getLogger("recserve").setLevel(min(logging.INFO, logging.getLogger().getEffectiveLevel()))
     cfg = ServeConfig(
@@ -151,7 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_max_connection_age_s=args.grpc_max_connection_age,
         grpc_max_connection_idle_s=args.grpc_max_connection_idle,
         grpc_keepalive_s=args.grpc_keepalive,
-        workers=args.workers,
+        workers=resolve_workers(args.workers, args.device, (args.port, args.http_port, args.admin_port)),
         pin_workers=args.pin_workers,
         max_batch_size=args.max_batch_size,
         max_queue_delay_ms=args.max_queue_delay_ms,
@@ -167,6 +179,7 @@ def _serve(args: argparse.Namespace) -> int:
         watch_interval_s=args.watch_interval,
         drain_timeout_s=args.drain_timeout,
         device=args.device,
+        dense_dtype=args.dense_dtype,
         torch_threads=args.torch_threads,
         admin_host=args.admin_host,
         admin_port=None if args.admin_port < 0 else args.admin_port,

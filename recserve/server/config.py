@@ -81,6 +81,7 @@ class ServeConfig:
     watch_interval_s: float = 2.0
     drain_timeout_s: float = 30.0
     device: str = "cpu"
+    dense_dtype: str | None = None  # auto / fp32 / bf16 (recserve.runtime.dense_precision); None: auto
     torch_threads: int | None = None  # None: cores / workers
     admin_host: str = "127.0.0.1"
     admin_port: int | None = 50052  # None: no admin service

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from recserve.errors import DeadlineExceededError, ModelNotFoundError, UnavailableError
 from recserve.server.arrays import FeatureArrays
-from recserve.server.runner import ModelRunner
+from recserve.server.parts import RequestParts
+from recserve.server.runner import BatchItem, ModelRunner
 from recserve.server.validation import ModelSchema, check_request
 
 logger = logging.getLogger(__name__)
@@ -107,21 +108,22 @@ class InferenceCore:
 
     def submit(
         self,
-        arrays: FeatureArrays,
+        arrays: FeatureArrays | RequestParts,
         *,
         deadline: float | None = None,
         model_name: str = "",
         model_version: str = "",
         received: float | None = None,
     ) -> Ticket:
-        """Checks ``arrays`` against the model and queues them; never blocks on the batch."""
+        """Checks ``arrays`` against the model and queues them (parts cut for the serving schema are checked
+        with their batch); never blocks on the batch."""
         received = time.monotonic() if received is None else received
         if deadline is not None and deadline <= time.monotonic():
             raise DeadlineExceededError("the request's deadline had passed when it arrived")
         while True:
             runner = self.find(model_name, model_version)
             try:
-                request = check_request(arrays, runner.schema)
+                request = _checked(arrays, runner.schema)
                 future = runner.submit(request, deadline)
             except UnavailableError:
                 if runner is self._runner or self._closed:
@@ -159,7 +161,7 @@ class InferenceCore:
 
     def infer(
         self,
-        arrays: FeatureArrays,
+        arrays: FeatureArrays | RequestParts,
         *,
         deadline: float | None = None,
         model_name: str = "",
@@ -204,3 +206,10 @@ class InferenceCore:
         self._closed = True
         if self._runner is not None:
             self._runner.close(timeout)
+
+
+def _checked(arrays: FeatureArrays | RequestParts, schema: ModelSchema) -> BatchItem:
+    """What the runner of ``schema`` queues: parts cut for it as they are, anything else checked now."""
+    if isinstance(arrays, RequestParts):
+        return arrays if arrays.schema is schema else arrays.checked(schema)
+    return check_request(arrays, schema)

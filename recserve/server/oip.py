@@ -26,10 +26,11 @@ from recserve.errors import InvalidRequestError, ModelNotFoundError, Unavailable
 from recserve.server.admin import AUTH_METADATA_KEY
 from recserve.server.arrays import FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
+from recserve.server.parts import OipLayout, RequestParts
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
 from recserve.server.servicer import request_deadline
 from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
-from recserve.server.validation import ModelSchema
+from recserve.server.validation import ModelSchema, check_request
 
 DENSE_INPUT = "dense"
 SCORES_OUTPUT = "scores"
@@ -221,6 +222,17 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
     )
 
 
+def decode_batchable(
+    req: oip_pb2.ModelInferRequest, schema: ModelSchema, layout: OipLayout
+) -> FeatureArrays | RequestParts:
+    """The usual request (raw tensors, an unweighted model's inputs) as parts, checked with its batch;
+    anything else decoded by :func:`decode_infer_request`, which names what is wrong."""
+    check_parameters("parameters", req.parameters, _REQUEST_PARAMETERS)
+    check_outputs(req)
+    parts = layout.parts(req, lambda s: check_request(decode_infer_request(req, s), s))
+    return parts if parts is not None else decode_infer_request(req, schema)
+
+
 def _feature_lengths(feature: str, lengths: Tensor, batch: int, values: Tensor) -> Tensor:
     """One feature's lengths as int64, each in ``[0, its value count]`` before they are summed (an INT64 sum
     of unchecked lengths wraps: 2^62 four times is 0), then summing to exactly that count."""
@@ -293,8 +305,8 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
         received = time.monotonic()
-        schema = self._core.find(named("model_name", request.model_name), request.model_version).schema
-        arrays = decode_infer_request(request, schema)
+        runner = self._core.find(named("model_name", request.model_name), request.model_version)
+        arrays = decode_batchable(request, runner.schema, runner.oip_layout)
         result = self._core.infer(
             arrays,
             deadline=parameter_deadline(request.parameters, received, request_deadline(context, received)),

@@ -28,7 +28,7 @@ from recserve.server.admission import AdmissionLimit
 from recserve.server.config import HttpLimits
 from recserve.server.core import InferenceCore
 from recserve.server.metrics import ServerMetrics
-from recserve.server.oip import SCORES_OUTPUT, decode_infer_request, input_metadata, parameter_deadline
+from recserve.server.oip import SCORES_OUTPUT, decode_batchable, input_metadata, parameter_deadline
 from recserve.server.protos import oip_pb2
 from recserve.server.rest_codec import (
     HEADER_LENGTH,
@@ -239,10 +239,10 @@ class RestApi:
     async def infer(self, request: web.Request) -> web.Response:
         received = time.monotonic()
         name, version = request.match_info["model"], request.match_info.get("version", "")
-        schema = self._core.find(name, version).schema
+        runner = self._core.find(name, version)
         doc, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
         req = infer_request(doc, binary, name, version)
-        arrays = decode_infer_request(req, schema)
+        arrays = decode_batchable(req, runner.schema, runner.oip_layout)
         deadline = parameter_deadline(req.parameters, received)
         ticket = self._core.submit(
             arrays, deadline=deadline, model_name=name, model_version=version, received=received

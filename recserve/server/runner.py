@@ -1,7 +1,8 @@
 """One loaded model version: its predictor, the schema requests are checked against, and its own batcher.
 
-Requests of a batch are merged into one KeyedJaggedTensor (per key, the requests' rows one after another),
-scored by one ``predictor.predict`` call, and the scores are split back per request.
+A batch is scored by :class:`recserve.server.scoring.BatchScorer`: merged into one KeyedJaggedTensor (per
+key, the requests' rows one after another), scored by one ``predictor.predict`` call, split back per
+request.
 """
 
 from __future__ import annotations
@@ -11,63 +12,20 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from recserve.errors import NonFiniteScoresError
 from recserve.server.arrays import FeatureArrays
 from recserve.server.batcher import BatcherConfig, BatchObserver, DynamicBatcher
+from recserve.server.parts import OipLayout
+from recserve.server.scoring import BatchItem, BatchScorer, PredictorLike, merge_requests
 from recserve.server.stats import ModelStats
-from recserve.server.validation import InferenceRequest, ModelSchema, check_request
-from rectrain.sparse import KeyedJaggedTensor
+from recserve.server.validation import ModelSchema, check_request
+
+__all__ = ["BatchItem", "ModelRunner", "PredictorLike", "merge_requests"]
 
 logger = logging.getLogger(__name__)
-
-
-class PredictorLike(Protocol):
-    """What the server needs of ``recserve.runtime.Predictor``."""
-
-    @property
-    def metadata(self): ...
-
-    def predict(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> Tensor: ...
-
-
-def merge_requests(requests: list[InferenceRequest]) -> tuple[Tensor, KeyedJaggedTensor]:
-    """One batch from requests that share their keys: dense rows stacked, every key's rows concatenated."""
-    if len(requests) == 1:
-        return requests[0].dense, requests[0].kjt
-    kjts = [r.kjt for r in requests]
-    keys = kjts[0].keys()
-    num_keys = len(keys)
-    dense = torch.cat([r.dense for r in requests])
-    lengths = torch.cat([k.lengths().view(num_keys, -1) for k in kjts], dim=1).reshape(-1)
-    per_key = [k.length_per_key() for k in kjts]
-    value_parts = [torch.split(k.values(), p) for k, p in zip(kjts, per_key)]
-    values = torch.cat([parts[f] for f in range(num_keys) for parts in value_parts])
-    weights = None
-    if any(k.weights_or_none() is not None for k in kjts):
-        weight_parts = [
-            torch.split(_weights_or_ones(k), p) for k, p in zip(kjts, per_key)
-        ]  # an unweighted request in a weighted batch counts each id once
-        weights = torch.cat([parts[f] for f in range(num_keys) for parts in weight_parts])
-    merged = KeyedJaggedTensor(
-        keys=keys,
-        values=values,
-        weights=weights,
-        lengths=lengths,
-        stride=int(dense.shape[0]),
-        length_per_key=[sum(p[f] for p in per_key) for f in range(num_keys)],
-        validate=False,
-    )
-    return dense, merged
-
-
-def _weights_or_ones(kjt: KeyedJaggedTensor) -> Tensor:
-    w = kjt.weights_or_none()
-    return torch.ones(kjt.values().numel(), dtype=torch.float32) if w is None else w
 
 
 def _feature_dtypes(package_dir: Path | None, table_dtypes: dict[str, str]) -> dict[str, str]:
@@ -93,12 +51,13 @@ class ModelRunner:
         on_nonfinite: Callable[[], None] | None = None,
     ) -> None:
         self.predictor = predictor
-        self._on_nonfinite = on_nonfinite
         self.package_dir = package_dir
         self.schema = ModelSchema.from_metadata(predictor.metadata, batcher_config.max_batch_size)
+        self.scorer = BatchScorer(predictor, self.schema, on_nonfinite)
         self.feature_dtypes = _feature_dtypes(package_dir, predictor.metadata.table_dtypes)
         self.stats = ModelStats()
-        self.batcher: DynamicBatcher[InferenceRequest, Tensor | Exception] = DynamicBatcher(
+        self.oip_layout = OipLayout(self.schema)  # where the usual OIP request's inputs go (parts.py)
+        self.batcher: DynamicBatcher[BatchItem, Tensor | Exception] = DynamicBatcher(
             self._predict_batch,
             batcher_config,
             observer=observer,
@@ -109,45 +68,16 @@ class ModelRunner:
     def model_id(self) -> tuple[str, str]:
         return self.schema.model_name, self.schema.version
 
-    def submit(self, request: InferenceRequest, deadline: float | None) -> Future:
-        """Queues a checked request; the future yields ``Completed`` with the request's ``[B]`` scores."""
+    def submit(self, request: BatchItem, deadline: float | None) -> Future:
+        """Queues a checked request, or parts cut for this schema (checked with their batch); the future
+        yields ``Completed`` with the request's ``[B]`` scores, or the error the request gets."""
         return self.batcher.submit(request, size=request.batch_size, deadline=deadline)
 
-    @torch.inference_mode()
-    def _predict_batch(
-        self, requests: list[InferenceRequest], *, record: bool = True
-    ) -> list[Tensor | Exception]:
-        t0 = time.perf_counter()
-        dense, kjt = merge_requests(requests)
-        t1 = time.perf_counter()
-        # Every request was checked on arrival (check_request), so the merged batch is not checked again.
-        scores = self.predictor.predict(dense, kjt, checked=True).reshape(-1)
-        t2 = time.perf_counter()
-        if scores.numel() != dense.shape[0]:
-            raise RuntimeError(f"predictor returned {scores.numel()} scores for a batch of {dense.shape[0]}")
-        out: list[Tensor | Exception] = list(
-            torch.split(scores.to(torch.float32), [r.batch_size for r in requests])
-        )
-        if not bool(torch.isfinite(scores).all()):
-            out = [self._refuse_nonfinite(part) for part in out]
-        if record:
-            self.stats.batch_done(
-                int(dense.shape[0]), len(requests), t1 - t0, t2 - t1, time.perf_counter() - t2
-            )
+    def _predict_batch(self, items: list[BatchItem], *, record: bool = True) -> list[Tensor | Exception]:
+        out, times = self.scorer(items)
+        if record and times is not None:
+            self.stats.batch_done(times.examples, len(items), times.merge_s, times.predict_s, times.split_s)
         return out
-
-    def _refuse_nonfinite(self, scores: Tensor) -> Tensor | Exception:
-        """``scores``, or the error its request gets when any of them is NaN or infinite."""
-        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-        if not bad:
-            return scores
-        if self._on_nonfinite is not None:
-            self._on_nonfinite()
-        shown = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
-        return NonFiniteScoresError(
-            f"scores of example(s) [{shown}] are not finite (NaN or infinite): their inputs (dense values "
-            "far outside the training data's range?) drive the model beyond float32"
-        )
 
     def warmup(self, batch_size: int = 8) -> None:
         """Checks and scores one request of id 0, so that a swapped-in model answers its first request at

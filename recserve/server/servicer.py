@@ -6,9 +6,12 @@ import time
 
 import grpc
 
+from recserve.server.arrays import FeatureArrays
 from recserve.server.codec import decode_predict_request, set_scores
 from recserve.server.core import InferenceCore, InferenceResult
+from recserve.server.parts import RequestParts, v1_parts
 from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.validation import ModelSchema, check_request
 
 # grpc reports "no deadline" as a huge remaining time rather than None on some versions.
 _NO_DEADLINE_SECONDS = 1e8
@@ -20,6 +23,12 @@ def request_deadline(context: grpc.ServicerContext, received: float) -> float | 
     if remaining is None or remaining > _NO_DEADLINE_SECONDS:
         return None
     return received + remaining
+
+
+def decode_batchable(request: pb2.PredictRequest, schema: ModelSchema) -> FeatureArrays | RequestParts:
+    """The usual request as parts (checked with its batch), anything else decoded to be checked now."""
+    parts = v1_parts(request, schema, lambda s: check_request(decode_predict_request(request), s))
+    return parts if parts is not None else decode_predict_request(request)
 
 
 def predict_response(
@@ -44,7 +53,7 @@ class PredictorServicer(pb2_grpc.PredictorServicer):
 
     def Predict(self, request: pb2.PredictRequest, context: grpc.ServicerContext) -> pb2.PredictResponse:
         received = time.monotonic()
-        arrays = decode_predict_request(request)
+        arrays = decode_batchable(request, self._core.find(request.model_name).schema)
         result = self._core.infer(
             arrays,
             deadline=request_deadline(context, received),

@@ -34,6 +34,27 @@ def cpu_groups(cpus: Sequence[int], workers: int) -> list[list[int]] | None:
     return [cpus[bounds[i] : bounds[i + 1]] for i in range(workers)]
 
 
+def resolve_workers(value: str | int, device: str, ports: Sequence[int]) -> int:
+    """``--workers``: a count, or ``auto``: on CPU one worker per CPU this process may use, so that the
+    machine is used with no flag (in one process the handler threads and the batch share one interpreter,
+    and a second core then serves little more); one on a GPU, and one when a shared port is 0 (each worker
+    would bind a port of its own)."""
+    if str(value) != "auto":
+        try:
+            return int(value)
+        except ValueError:
+            from recserve.server.config import ServeConfigError
+
+            raise ServeConfigError(f"--workers: expected a number or auto, got {value!r}") from None
+    if device != "cpu":
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cpus > 1 and 0 in ports:
+        logger.info("--workers auto: 1 worker, since a port is 0 (each worker would bind its own)")
+        return 1
+    return cpus
+
+
 def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] | None) -> None:
     logging.basicConfig(format=f"%(asctime)s worker{index} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("recserve").setLevel(log_level)

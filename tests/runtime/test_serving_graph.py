@@ -119,7 +119,7 @@ class _ScaledByItsInput(nn.Module):
 def test_a_graph_that_does_not_reproduce_the_model_is_dropped(tmp_path, caplog):
     cfg = _dlrm()
     path = export_package(tmp_path / "p", model_config=cfg, state_dict=trained_state(cfg), force=True)
-    predictor = Predictor.load(path)
+    predictor = Predictor.load(path, dense_dtype="fp32")  # the fp32 graph is built below
     model, meta = _ScaledByItsInput(predictor.model), predictor.metadata
     with caplog.at_level(logging.WARNING, logger="recserve.runtime.serving_graph"):
         graph = build_serving_graph(

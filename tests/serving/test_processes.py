@@ -412,3 +412,16 @@ def test_workers_that_cannot_load_the_package_stop_cleanly_with_one_line_each(tm
     assert proc.returncode == 1
     assert out.count("cannot serve: ") == 2 and "not a recserve model package manifest" in out, out
     assert "Traceback" not in out, out
+
+
+def test_workers_default_to_one_per_cpu_on_cpu():
+    from recserve.server.config import ServeConfigError
+    from recserve.server.workers import resolve_workers
+
+    cpus = len(os.sched_getaffinity(0))
+    assert resolve_workers("auto", "cpu", (50051, -1, 50052)) == cpus
+    assert resolve_workers("auto", "cuda", (50051, -1, 50052)) == 1
+    assert resolve_workers("auto", "cpu", (0, -1, -1)) == 1  # each worker would bind its own port
+    assert resolve_workers("3", "cpu", (0,)) == 3
+    with pytest.raises(ServeConfigError, match="--workers: expected a number or auto, got 'many'"):
+        resolve_workers("many", "cpu", (50051,))
