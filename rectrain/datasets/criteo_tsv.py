@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from rectrain.datasets.npy_files import open_file
+from rectrain.datasets.utils import safe_cast
 
 INT_FEATURE_COUNT = 13
 CAT_FEATURE_COUNT = 26
@@ -30,14 +31,6 @@ DEFAULT_CAT_NAMES: list[str] = [f"cat_{i}" for i in range(CAT_FEATURE_COUNT)]
 DEFAULT_COLUMN_NAMES: list[str] = [DEFAULT_LABEL_NAME, *DEFAULT_INT_NAMES, *DEFAULT_CAT_NAMES]
 
 RowMapper = Callable[[list[str]], Any]
-
-
-def safe_cast(value: Any, dest_type: type, default: Any) -> Any:
-    """``dest_type(value)``, or ``default`` when that fails (``torchrec.datasets.utils.safe_cast``)."""
-    try:
-        return dest_type(value)
-    except (ValueError, TypeError):
-        return default
 
 
 def _cast(name: str, value: str) -> int | str:

@@ -13,8 +13,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from rectrain.datasets.criteo_tsv import safe_cast
 from rectrain.datasets.npy_files import open_file
+from rectrain.datasets.utils import safe_cast
 
 RATINGS_FILENAME = "ratings.csv"
 MOVIES_FILENAME = "movies.csv"
