@@ -81,7 +81,8 @@ EXAMPLES = {
     "retrieval/two_tower_train.py@1": (
         "retrieval",
         1,
-        "import sys, types; sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "import sys, types; f = sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "f.GpuIndexIVFPQ = f.IndexIVFPQ = object; "
         "sys.modules.setdefault('faiss.contrib', types.ModuleType('faiss.contrib')); "
         "sys.modules.setdefault('faiss.contrib.torch_utils', types.ModuleType('faiss.contrib.torch_utils')); "
         "import retrieval.two_tower_train as t; t.get_index = lambda **k: types.SimpleNamespace("
