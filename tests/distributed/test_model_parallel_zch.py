@@ -3,6 +3,7 @@ instead of leaving each rank to remap its own batch with its own state."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -37,3 +38,17 @@ def _refusal(env) -> str:
 def test_managed_collision_models_are_refused_by_name():
     message = "managed-collision module at '0._managed_collision_collection._managed_collision_modules.t'"
     assert all(message in result for result in run_multiprocess(_refusal, 2))
+
+
+def test_torchrecs_managed_collision_sharders_are_refused_when_built():
+    from rectrain.distributed.mc_embedding import ManagedCollisionEmbeddingCollectionSharder
+    from rectrain.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
+    from rectrain.distributed.mc_modules import ManagedCollisionCollectionSharder
+
+    for sharder in (
+        ManagedCollisionCollectionSharder,
+        ManagedCollisionEmbeddingBagCollectionSharder,
+        ManagedCollisionEmbeddingCollectionSharder,
+    ):
+        with pytest.raises(ConfigError, match="does not shard managed-collision modules yet"):
+            sharder()
