@@ -97,3 +97,19 @@ def test_state_dict_checkpoints_tables_and_remappers_together():
     probe = _kjt([1, 2, 3, 4, 5])
     torch.testing.assert_close(fresh(probe)[0].values(), trained(probe)[0].values())
     assert torch.equal(fresh(probe)[1].values(), trained(probe)[1].values())
+
+
+def test_torch_distributed_checkpoint_saves_and_restores_the_remappers(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    trained, fresh = _mc_ebc(), _mc_ebc()
+    for ids in ([10, 20], [30, 10], [40, 40]):
+        trained(_kjt(ids))
+    dcp.save(trained.state_dict(), checkpoint_id=str(tmp_path))
+    state = fresh.state_dict()
+    dcp.load(state, checkpoint_id=str(tmp_path))
+    fresh.load_state_dict(state)
+    trained.eval(), fresh.eval()
+    probe = _kjt([10, 20, 30, 40, 50])
+    assert torch.equal(fresh(probe)[1].values(), trained(probe)[1].values())
+    torch.testing.assert_close(fresh(probe)[0].values(), trained(probe)[0].values())
