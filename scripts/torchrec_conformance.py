@@ -4,7 +4,8 @@
 Given a TorchRec source tree (``git clone https://github.com/meta-pytorch/torchrec``, tag v1.8.0; nothing of
 it is copied into this repository), each chosen test file and example is copied into a temporary directory
 with ``torchrec`` imports rewritten to ``rectrain`` (``import torchrec`` becomes ``import rectrain as
-torchrec``, so attribute paths in the code still resolve), then run; a line per file says what passed.
+torchrec``, so attribute paths in the code still resolve; ``mock.patch("torchrec.x.y")`` targets, which mock
+imports, point at ``rectrain.x.y``), then run; a line per file says what passed.
 
     python scripts/torchrec_conformance.py --torchrec-src ~/src/torchrec          # the default set
     python scripts/torchrec_conformance.py --torchrec-src ~/src/torchrec \
@@ -36,6 +37,10 @@ TESTS = [
     "torchrec/modules/tests/test_crossnet.py",
     "torchrec/modules/tests/test_mlp.py",
     "torchrec/modules/tests/test_deepfm.py",
+    "torchrec/modules/tests/test_mc_modules.py",
+    "torchrec/modules/tests/test_mc_embedding_modules.py",
+    "torchrec/modules/tests/test_hash_mc_modules.py",
+    "torchrec/modules/tests/test_hash_mc_metrics.py",
     "torchrec/optim/tests/test_rowwise_adagrad.py",
     "torchrec/optim/tests/test_optim.py",
     "torchrec/optim/tests/test_warmup.py",
@@ -76,7 +81,8 @@ EXAMPLES = {
     "retrieval/two_tower_train.py@1": (
         "retrieval",
         1,
-        "import sys, types; sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "import sys, types; f = sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "f.GpuIndexIVFPQ = f.IndexIVFPQ = object; "
         "sys.modules.setdefault('faiss.contrib', types.ModuleType('faiss.contrib')); "
         "sys.modules.setdefault('faiss.contrib.torch_utils', types.ModuleType('faiss.contrib.torch_utils')); "
         "import retrieval.two_tower_train as t; t.get_index = lambda **k: types.SimpleNamespace("
@@ -89,11 +95,19 @@ EXAMPLES = {
         "import sys, runpy; sys.argv = ['main', '--num_iters', '20']; "
         "runpy.run_module('zch.main', run_name='__main__')",
     ),
+    "zch/main.py --use_mpzch": (
+        "zch",
+        0,
+        "import sys, runpy; sys.argv = ['main', '--num_iters', '20', '--use_mpzch']; "
+        "runpy.run_module('zch.main', run_name='__main__')",
+    ),
 }
 
 _FROM = re.compile(r"^(\s*)from torchrec(\.|\s)", re.MULTILINE)
 _IMPORT_AS = re.compile(r"^(\s*)import torchrec(\.[\w.]+)? as ", re.MULTILINE)
 _IMPORT = re.compile(r"^(\s*)import torchrec(\.[\w.]+)?\s*$", re.MULTILINE)
+# unittest.mock imports its string targets: patch("torchrec.x.y") is an import of torchrec.x.
+_PATCH = re.compile(r"""(\bpatch\(\s*["'])torchrec\.""")
 
 
 def rewrite(source: str, package: str) -> str:
@@ -101,6 +115,7 @@ def rewrite(source: str, package: str) -> str:
     if package == "torchrec":
         return source
     source = _FROM.sub(lambda m: f"{m.group(1)}from {package}{m.group(2)}", source)
+    source = _PATCH.sub(lambda m: f"{m.group(1)}{package}.", source)
     source = _IMPORT_AS.sub(lambda m: f"{m.group(1)}import {package}{m.group(2) or ''} as ", source)
     # "import torchrec.x.y" binds the name torchrec: keep it bound, to the package.
     return _IMPORT.sub(
@@ -119,9 +134,12 @@ def copy_rewritten(src: Path, dst: Path, package: str) -> None:
 
 def _env(package: str) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOCAL_RANK="0")
-    env.pop("PYTHONPATH", None)
-    if package == "rectrain":
-        env["PYTHONPATH"] = str(ROOT)
+    # The caller's PYTHONPATH stays behind this checkout (it may hold the test files' own imports, such as
+    # pyre_extensions); a rectrain checkout on it must not shadow TorchRec in the reference runs.
+    given = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    paths = ([str(ROOT)] if package == "rectrain" else []) + given
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 

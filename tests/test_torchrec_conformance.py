@@ -31,3 +31,10 @@ def test_imports_are_rewritten_and_nothing_else():
         "x = torchrec.optim.RowWiseAdagrad  # torchrec stays in code and comments",
     ]
     assert conformance.rewrite(source, "torchrec") == source
+
+
+def test_mock_patch_targets_follow_the_imports():
+    source = 'with patch("torchrec.modules.hash_mc_metrics.time") as t, patch.object(x, "torchrec.y"):'
+    assert conformance.rewrite(source, "rectrain") == (
+        'with patch("rectrain.modules.hash_mc_metrics.time") as t, patch.object(x, "torchrec.y"):'
+    )

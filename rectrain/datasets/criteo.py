@@ -142,3 +142,20 @@ class CriteoDataset(TextDataset[tuple[int, list[float], list[int]]]):
             lengths=lengths,
             labels=torch.tensor(labels, dtype=torch.float32),
         )
+
+
+# TorchRec's names at this path (``torchrec.datasets.criteo``): its raw-row TSV stream and its .npy tools.
+from rectrain.datasets.criteo_in_memory import InMemoryBinaryCriteoIterDataPipe  # noqa: E402, F401
+from rectrain.datasets.criteo_npy import BinaryCriteoUtils  # noqa: E402, F401
+from rectrain.datasets.criteo_tsv import (  # noqa: E402, F401, F401
+    CAT_FEATURE_COUNT,
+    DAYS,
+    DEFAULT_COLUMN_NAMES,
+    DEFAULT_LABEL_NAME,
+    FREQUENCY_THRESHOLD,
+    INT_FEATURE_COUNT,
+    TOTAL_TRAINING_SAMPLES,
+    CriteoIterDataPipe,
+    criteo_kaggle,
+    criteo_terabyte,
+)

@@ -127,3 +127,6 @@ class MovieLensDataset(TextDataset[tuple[int, int, float]]):
 DEFAULT_RATINGS_COLUMN_NAMES: list[str] = ["userId", "movieId", "rating", "timestamp"]
 DEFAULT_MOVIES_COLUMN_NAMES: list[str] = ["movieId", "title", "genres"]
 DEFAULT_COLUMN_NAMES: list[str] = DEFAULT_RATINGS_COLUMN_NAMES + DEFAULT_MOVIES_COLUMN_NAMES[1:]
+
+# TorchRec's raw-row readers at this path.
+from rectrain.datasets.movielens_rows import movielens_20m, movielens_25m  # noqa: E402, F401

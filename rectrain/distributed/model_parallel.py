@@ -32,6 +32,7 @@ from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choi
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
+from rectrain.zch.module import ManagedCollisionModule
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,17 @@ def _shard(
     return ShardedEmbeddingCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
 
 
+def refuse_managed_collision(module: nn.Module) -> None:
+    """Managed-collision remappers are not sharded yet. Left unsharded, each rank would remap its own batch
+    with its own state and the ranks' rows would stop meaning the same ids: refuse instead."""
+    for path, child in module.named_modules():
+        if isinstance(child, ManagedCollisionModule):
+            raise ConfigError(
+                f"DistributedModelParallel cannot shard the managed-collision module at {path!r} yet "
+                "(TorchRec shards remappers row-wise with their tables); train this model unsharded"
+            )
+
+
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
     if not path:
         return new
@@ -167,6 +179,7 @@ class DistributedModelParallel(nn.Module):
             env = ShardingEnv.from_process_group(dist.group.WORLD)
         self.env = env
         self.device = torch.device(device) if device is not None else _default_device(env)
+        refuse_managed_collision(module)
         collections = find_collections(module)
         optimizers = collection_optimizers(collections, sharders)
         if plan is None and collections:
