@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rectrain import compat
 from rectrain.distributed.comm_autograd import (
     AllGatherEven,
     AllToAllSingle,
@@ -223,7 +224,7 @@ def _gather_sizes(rows: int, group: ProcessGroup | None) -> list[int]:
     device = comm_device(group)
     sizes = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
     with collective("all_gather_v (sizes)", group):
-        dist.all_gather_single(sizes, torch.tensor([rows], dtype=torch.int64, device=device), group)
+        compat.all_gather_single(sizes, torch.tensor([rows], dtype=torch.int64, device=device), group)
     return sizes.tolist()
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd import Function
 
+from rectrain import compat
 from rectrain.distributed.timeouts import collective
 
 
@@ -69,7 +70,7 @@ class AllGatherEven(Function):
         ctx.group = group
         world_size = dist.get_world_size(group)
         out = tensor.new_empty((world_size * tensor.shape[0], *tensor.shape[1:]))
-        box.work = dist.all_gather_single(out, tensor.contiguous(), group, async_op=True)
+        box.work = compat.all_gather_single(out, tensor.contiguous(), group, async_op=True)
         return out
 
     @staticmethod
@@ -77,7 +78,7 @@ class AllGatherEven(Function):
         world_size = dist.get_world_size(ctx.group)
         grad_in = grad.new_empty((grad.shape[0] // world_size, *grad.shape[1:]))
         with collective("reduce_scatter (all_gather backward)", ctx.group):
-            dist.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
+            compat.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
         return None, grad_in, None
 
 
@@ -90,7 +91,7 @@ class ReduceScatterEven(Function):
         world_size = dist.get_world_size(group)
         assert tensor.shape[0] % world_size == 0, "caller checks that the rows split evenly"
         out = tensor.new_empty((tensor.shape[0] // world_size, *tensor.shape[1:]))
-        box.work = dist.reduce_scatter_single(
+        box.work = compat.reduce_scatter_single(
             out, tensor.contiguous(), dist.ReduceOp.SUM, group, async_op=True
         )
         return out
@@ -100,7 +101,7 @@ class ReduceScatterEven(Function):
         world_size = dist.get_world_size(ctx.group)
         grad_in = grad.new_empty((world_size * grad.shape[0], *grad.shape[1:]))
         with collective("all_gather (reduce_scatter backward)", ctx.group):
-            dist.all_gather_single(grad_in, grad.contiguous(), ctx.group)
+            compat.all_gather_single(grad_in, grad.contiguous(), ctx.group)
         return None, grad_in, None
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rectrain import compat
 from rectrain.distributed import fused_params
 from rectrain.distributed.backward_agreement import agree_on_auto
 from rectrain.distributed.env import ShardingEnv
@@ -209,17 +210,8 @@ class DistributedModelParallel(nn.Module):
             for name, param in module.get_submodule(path).named_parameters()
             if not param.requires_grad
         }
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(sharded))
         device_ids = [self.device] if self.device.type == "cuda" else None
-        return DistributedDataParallel(
-            module,
-            device_ids=device_ids,
-            process_group=self.env.pg,
-            gradient_as_bucket_view=True,
-            # Buffers are synced once at construction; syncing before every forward would add a collective
-            # (and a sync point) per step for buffers that never change (e.g. DLRM's triu indices).
-            forward_sync_buffers=False,
-        )
+        return compat.data_parallel(module, device_ids=device_ids, process_group=self.env.pg, ignored=sharded)
 
     @property
     def module(self) -> nn.Module:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rectrain import compat
 from rectrain.distributed import ShardingEnv, init_from_env, intra_and_cross_node_pg
 from rectrain.errors import ConfigError
 from tests.distributed.multiprocess import run_multiprocess
@@ -57,7 +58,7 @@ def _check_host_groups(env: ShardingEnv) -> tuple[list[int], list[int]]:
     members = []
     for group in (intra, cross):
         out = torch.empty(dist.get_world_size(group), dtype=torch.int64)
-        dist.all_gather_single(out, torch.tensor([env.rank]), group)
+        compat.all_gather_single(out, torch.tensor([env.rank]), group)
         members.append(out.tolist())
     return members[0], members[1]
 
