@@ -160,7 +160,7 @@ def _probe_file(path: Path, key: str) -> None:
         with open(path, "a"):
             pass
         if not existed:
-            path.unlink()
+            path.unlink(missing_ok=True)  # another node's probe of a shared path may have removed it
     except OSError as e:
         raise ConfigError(
             f"{key}: cannot write {path} ({e.strerror}); choose a file this user can write"
