@@ -12,6 +12,12 @@ process(es) and, with the load generator on the same machine (request batch 64):
 
     .venv/bin/python bench/serve_throughput.py [--concurrency 32] [--duration 10] [--workers N]
         [--sweep 1,4,8,16,32,64] [--max-queue-delay-ms 2] [--loads 0.5,0.8] [--no-pin-workers] [--runs 3]
+        [--device cpu|cuda]
+
+``--device cuda`` places the package's tables on the GPU at export (``cuda:0``), runs the in-process
+predictor there (requests from CPU tensors, scores back to the CPU, as the server does) and starts
+``recserve serve --device cuda`` (one worker unless ``--workers`` says otherwise): the server batches onto
+the GPU.
 
 Objective (issue 15): capacity >= 0.6 x in-process throughput at batch 512, and p99 <= 25 ms at 50 % of
 capacity. A run ends with the line ``recserve served examples/s <capacity> p99_ms <p99 at 50 %> ratio <R>``
@@ -47,7 +53,7 @@ from rectrain.sparse import KeyedJaggedTensor
 T, E, D, DENSE, L = 8, 100_000, 64, 13, 20
 
 
-def export_standard(out: Path) -> Path:
+def export_standard(out: Path, device: str = "cpu") -> Path:
     tables = [
         EmbeddingBagConfig(name=f"t{i}", num_embeddings=E, embedding_dim=D, feature_names=[f"f{i}"])
         for i in range(T)
@@ -61,11 +67,14 @@ def export_standard(out: Path) -> Path:
     )
     torch.manual_seed(0)
     model = build_model(cfg)
-    return export_package(out, model_config=cfg, state_dict=model.state_dict(), model_name="dlrm", force=True)
+    devices = ["cuda:0"] if device == "cuda" else ["cpu"]
+    return export_package(
+        out, model_config=cfg, state_dict=model.state_dict(), model_name="dlrm", force=True, devices=devices
+    )
 
 
-def in_process_examples_per_s(package: Path, batch: int = 512, iters: int = 50) -> float:
-    predictor = Predictor.load(package)
+def in_process_examples_per_s(package: Path, batch: int = 512, iters: int = 50, device: str = "cpu") -> float:
+    predictor = Predictor.load(package, device="cuda:0" if device == "cuda" else "cpu")
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 2 * L, (T * batch,), generator=g)
     values = torch.randint(0, E, (int(lengths.sum()),), generator=g)
@@ -95,6 +104,8 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
         "-1",
         "--workers",
         str(args.workers),
+        "--device",
+        "cuda:0" if getattr(args, "device", "cpu") == "cuda" else "cpu",
         "--max-batch-size",
         str(args.max_batch_size),
     ]
@@ -121,8 +132,8 @@ def wait_serving(proc: subprocess.Popen, port: int, timeout_s: float = 180) -> s
 def one_run(package: Path, args: argparse.Namespace) -> tuple[float, float, float]:
     """One measurement of the objective: ``(capacity examples/s, p99 ms at 50 %, capacity / in-process)``,
     the in-process throughput measured in the same run, just before the server starts."""
-    inproc = in_process_examples_per_s(package)
-    print(f"in-process int8 predict at batch 512: {inproc:,.0f} examples/s")
+    inproc = in_process_examples_per_s(package, device=args.device)
+    print(f"in-process int8 predict at batch 512 on {args.device}: {inproc:,.0f} examples/s")
     port = free_port()
     proc = start_server(package, port, args)
     try:
@@ -167,9 +178,11 @@ def main() -> None:
     ap.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 1,
-        help="server processes (default: one per core, the CPU serving setup docs/serving.md recommends)",
+        default=None,
+        help="server processes (default: one per core on cpu, the CPU serving setup docs/serving.md "
+        "recommends; one on cuda)",
     )
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the package is served")
     ap.add_argument("--max-batch-size", type=int, default=512)
     ap.add_argument(
         "--no-pin-workers", dest="pin_workers", action="store_false", help="as `recserve serve` takes it"
@@ -179,9 +192,11 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="also sweep these concurrency levels (5 s each)")
     ap.add_argument("--runs", type=int, default=1, help="whole measurements in a row (issue 15: 3 of 3)")
     args = ap.parse_args()
+    if args.workers is None:
+        args.workers = 1 if args.device == "cuda" else os.cpu_count() or 1
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="recserve-bench-") as tmp:
-        package = export_standard(Path(tmp) / "pkg")
+        package = export_standard(Path(tmp) / "pkg", args.device)
         torch.set_num_threads(os.cpu_count() or 1)
         for run in range(1, args.runs + 1):
             if args.runs > 1:

@@ -35,6 +35,7 @@ from recserve.runtime.package_checks import check_manifest
 from recserve.runtime.placement import ServingPlacement, TableShard
 from recserve.runtime.quant_embedding import QuantEmbeddingBagCollection
 from recserve.runtime.serving_graph import ServingGraph, build_serving_graph
+from recserve.runtime.staging import Staging
 from recserve.runtime.validation import RequestValidator
 from rectrain.errors import ConfigError
 from rectrain.models.config import ModelConfig
@@ -97,6 +98,8 @@ class Predictor:
         self.device = device
         self.dtype = dtype
         self._validator = RequestValidator(metadata.dense_in_features, metadata.num_embeddings)
+        # On a GPU a checked batch travels in one asynchronous copy through reused pinned memory.
+        self._staging = Staging(device) if device.type == "cuda" else None
 
     @property
     def metadata(self) -> PackageMetadata:
@@ -221,6 +224,8 @@ class Predictor:
             return torch.empty(0)
         with torch.inference_mode():
             forward = self.model if self.graph is None else self.graph
+            if self._staging is not None and not dense.is_cuda:
+                dense, kjt = self._staging.to_device(dense, kjt)
             logits = forward(dense.to(self.device, self.dtype), kjt)
             return logits.reshape(batch).float().cpu()
 

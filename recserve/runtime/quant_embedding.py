@@ -102,15 +102,17 @@ class _ShardLookup:
         if self.partial:
             indices, offsets, weights = self._keep_own_rows(item)
         if self.device.type != "cpu":
-            indices, offsets = indices.to(self.device, non_blocking=True), offsets.to(self.device)
+            indices = indices.to(self.device, non_blocking=True)
+            offsets = offsets.to(self.device, non_blocking=True)
             weights = None if weights is None else weights.to(self.device, non_blocking=True)
         return self.tbe(indices, offsets, weights)
 
     def _keep_own_rows(self, item: TBEInput) -> tuple[Tensor, Tensor, Tensor | None]:
         """Drop the ids outside each slot's row range, re-base the rest to the shard's first row."""
-        counts = torch.tensor(item.values_per_feature, dtype=torch.int64)
-        lo = self._lo.repeat_interleave(counts, output_size=item.indices.numel())
-        hi = self._hi.repeat_interleave(counts, output_size=item.indices.numel())
+        device = item.indices.device  # the request's (CPU), or a GPU's where the batch was staged there
+        counts = torch.tensor(item.values_per_feature, dtype=torch.int64, device=device)
+        lo = self._lo.to(device).repeat_interleave(counts, output_size=item.indices.numel())
+        hi = self._hi.to(device).repeat_interleave(counts, output_size=item.indices.numel())
         ids = item.indices.long()
         keep = (ids >= lo) & (ids < hi)
         kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])

@@ -90,32 +90,6 @@ class FeatureSelector:
         return LocalFeatures(lengths, values, weights)
 
 
-def check_ids(routing: Routing, local: LocalFeatures, rows_per_feature: Tensor) -> None:
-    """Raise ValueError naming the feature when an id lies outside its table.
-
-    Checked here, on the sender, because a row-wise bucketiser maps some out-of-range ids to valid rows of the
-    wrong shard. Usually one pass: ids within the smallest table's range need no per-feature check.
-    """
-    if local.values.numel() == 0:
-        return
-    low, high = torch.aminmax(local.values)
-    if int(low) >= 0 and int(high) < int(rows_per_feature.min()):
-        return
-    counts = local.lengths.sum(dim=1)
-    limits = torch.repeat_interleave(
-        rows_per_feature.to(counts.device), counts, output_size=local.values.numel()
-    )
-    bad = (local.values < 0) | (local.values >= limits)
-    if not bool(bad.any()):
-        return
-    position = int(bad.nonzero()[0, 0])
-    feature = int(torch.searchsorted(counts.cumsum(0), position, right=True))
-    raise ValueError(
-        f"feature {routing.features[feature]!r}: id {int(local.values[position])} is out of range for its "
-        f"table (num_embeddings={int(rows_per_feature[feature])})"
-    )
-
-
 def _segments(routing: Routing, local: LocalFeatures) -> tuple[Tensor, Tensor, Tensor | None]:
     """The sender's segments ``[num segments, batch]``: features, then every bucket group's buckets."""
     if not routing.bucket_groups:

@@ -15,6 +15,9 @@ def lookup(tables: FusedTables | None, shard_input: ShardInput, device: torch.de
     if tables is None:
         # A rank without shards still joins the output all-to-all (with zero columns).
         return torch.zeros(total, 0, device=device, requires_grad=True)
+    if len(tables.batches) == 1:
+        # One kernel reads every feature: no id bounds to find (reading them would wait for a GPU).
+        return tables.batches[0](shard_input.indices, shard_input.offsets, shard_input.per_sample_weights)
     outputs, first = [], 0
     bounds = shard_input.offsets[::total].tolist() if total else None
     for batch in tables.batches:

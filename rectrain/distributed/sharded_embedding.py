@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from rectrain.distributed import shard_weights
 from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.input_dist import FeatureSelector, ShardInput, check_ids, to_shard_input
+from rectrain.distributed.id_check import IdCheck
+from rectrain.distributed.input_dist import FeatureSelector, ShardInput, to_shard_input
 from rectrain.distributed.sequence_data_parallel import SequenceDataParallel
 from rectrain.distributed.sequence_dist import (
     SequenceAssembler,
@@ -117,7 +118,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._rows_per_feature = torch.tensor([rows[f] for f in self.routing.features], dtype=torch.int64)
+        self._id_check = IdCheck(self.routing.features, [rows[f] for f in self.routing.features])
         self._assembler = SequenceAssembler(self.routing)
         feature_of = {n: f for t in tables for f, n in zip(t.feature_names, names_by_table[t.name])}
         self._key_features = [
@@ -152,7 +153,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _routed_forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Input all-to-all, shard lookup, output all-to-all, assembly: the routed tables' outputs."""
         local = self._selector(features, False)
-        check_ids(self.routing, local, self._rows_per_feature)
+        self._id_check(local.lengths, local.values)
         sent, pending = send_ids(self.routing, local, self.env.pg)
         lengths, values, batches = pending.wait()
         num_streams = len(self._stream_dims)

@@ -22,10 +22,10 @@ from rectrain.distributed import shard_weights
 from rectrain.distributed.data_parallel import DataParallelTables
 from rectrain.distributed.dense_data_parallel import DenseDataParallelTables
 from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.id_check import IdCheck
 from rectrain.distributed.input_dist import (
     FeatureSelector,
     LocalFeatures,
-    check_ids,
     send_features,
     to_shard_input,
 )
@@ -114,7 +114,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._rows_per_feature = torch.tensor([rows[f] for f in self.routing.features], dtype=torch.int64)
+        self._id_check = IdCheck(self.routing.features, [rows[f] for f in self.routing.features])
         self._assembler = PooledAssembler(self.routing, device)
         self._embedding_names = [n for names in names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
@@ -157,7 +157,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _start_input_dist(self, features: KeyedJaggedTensor) -> tuple[LocalFeatures, Pending]:
         local = self._selector(features, self._is_weighted)
-        check_ids(self.routing, local, self._rows_per_feature)
+        self._id_check(local.lengths, local.values)
         return local, send_features(self.routing, local, self.env.pg)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:

@@ -195,7 +195,7 @@ def _pooled_values(
     columns: Tensor | None,
 ) -> Tensor:
     """``[batch, sum of dims]`` pooled through the FBGEMM TBEs, columns in table order."""
-    inputs = router.route(features, weighted=weighted)
+    inputs = router.route(features, weighted=weighted, counts=False)
     outputs = []
     for batch, item, spans in zip(tables.batches, inputs, mean_spans):
         pooled = batch(item.indices, item.offsets, item.per_sample_weights)

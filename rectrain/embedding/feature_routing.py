@@ -8,6 +8,7 @@ order); each group then takes a slice of the permuted values.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -27,6 +28,15 @@ class KJTLike(Protocol):
     def permute(self, indices: list[int], indices_tensor: Tensor | None = None) -> KJTLike: ...
 
 
+def host_offsets(kjt: object) -> list[int] | None:
+    """Where each key's values start (plus the end), if the KJT carries its per-key counts on the host."""
+    offsets = getattr(kjt, "offset_per_key_or_none", lambda: None)()
+    if offsets is not None:
+        return offsets
+    lengths = getattr(kjt, "length_per_key_or_none", lambda: None)()
+    return None if lengths is None else [0, *itertools.accumulate(lengths)]
+
+
 class TBEInput(NamedTuple):
     """One TBE's inputs in FBGEMM's layout: bag ``i = f * batch_size + b`` is
     ``indices[offsets[i]:offsets[i+1]]``."""
@@ -35,7 +45,7 @@ class TBEInput(NamedTuple):
     offsets: Tensor
     per_sample_weights: Tensor | None
     batch_size: int
-    values_per_feature: list[int]
+    values_per_feature: list[int] | None  # None when not asked for and not known on the host (see route)
 
 
 def feature_positions(keys: Sequence[str], features: Sequence[str]) -> list[int]:
@@ -68,6 +78,7 @@ class FeatureRouter(nn.Module):
         self.features = list(dict.fromkeys(name for features in self.group_features for name in features))
         position = {name: index for index, name in enumerate(self.features)}
         self._group_positions = [[position[name] for name in features] for features in self.group_features]
+        self._whole = self._group_positions == [list(range(len(self.features)))]
         self._permutations: dict[tuple[str, ...], tuple[list[int], Tensor] | None] = {}
 
     def _permutation(self, keys: list[str], device: torch.device) -> tuple[list[int], Tensor] | None:
@@ -81,8 +92,14 @@ class FeatureRouter(nn.Module):
             )
         return self._permutations[key]
 
-    def route(self, kjt: KJTLike, weighted: bool) -> list[TBEInput]:
-        """Per group, the TBE inputs of ``kjt``; ``weighted`` passes ``kjt.weights()`` as id weights."""
+    def route(self, kjt: KJTLike, weighted: bool, counts: bool = True) -> list[TBEInput]:
+        """Per group, the TBE inputs of ``kjt``; ``weighted`` passes ``kjt.weights()`` as id weights.
+
+        Slicing features needs each feature's id count on the host: the KJT's ``offset_per_key`` when it
+        carries them (a batch gets them on the host before its copy to a GPU, ``Batch.to``), else read from
+        ``offsets``, which on a GPU waits for it. One group reading every feature in order needs no slicing,
+        so on a GPU it takes the values whole and reads nothing (its ``values_per_feature`` is then None
+        unless ``counts``)."""
         if kjt.variable_stride_per_key():
             raise ValueError("variable batch size per feature (VBE) KeyedJaggedTensors are not supported")
         permutation = self._permutation(list(kjt.keys()), kjt.values().device)
@@ -98,7 +115,11 @@ class FeatureRouter(nn.Module):
             values, offsets = values.long(), offsets.long()
         if weights is not None and weights.dtype != torch.float32:
             weights = weights.float()
-        bounds = offsets[::batch_size].tolist() if batch_size else [0] * (len(self.features) + 1)
+        bounds = host_offsets(kjt)
+        if bounds is None and values.is_cuda and not counts and self._whole:
+            return [TBEInput(values, offsets, weights, batch_size, None)]
+        if bounds is None:
+            bounds = offsets[::batch_size].tolist() if batch_size else [0] * (len(self.features) + 1)
         segments = _Segments(values, offsets, weights, batch_size, bounds)
         return [segments.select(positions) for positions in self._group_positions]
 

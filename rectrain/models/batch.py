@@ -22,6 +22,7 @@ class Batch:
     labels: Tensor
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        _count_on_host(self.sparse_features)
         return Batch(
             dense_features=self.dense_features.to(device, non_blocking=non_blocking),
             sparse_features=self.sparse_features.to(device, non_blocking=non_blocking),
@@ -29,6 +30,7 @@ class Batch:
         )
 
     def pin_memory(self) -> Batch:
+        _count_on_host(self.sparse_features)
         return Batch(
             self.dense_features.pin_memory(), self.sparse_features.pin_memory(), self.labels.pin_memory()
         )
@@ -37,3 +39,10 @@ class Batch:
         self.dense_features.record_stream(stream)
         self.sparse_features.record_stream(stream)
         self.labels.record_stream(stream)
+
+
+def _count_on_host(kjt: KeyedJaggedTensor) -> None:
+    """Count each key's ids while the batch is on the host (cached, and carried by the copy): a GPU step
+    then slices features without reading the device (``FeatureRouter.route``)."""
+    if kjt.values().device.type == "cpu":
+        kjt.length_per_key()

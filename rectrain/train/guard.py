@@ -43,13 +43,41 @@ class DivergenceGuard:
         # A model with no signal to find predicts about the click rate (NE near 1); far above 1 it is broken.
         self.ne_limit = ne_limit
         self._best_auc: float | None = None
+        # None: defer the loss check where the loss is on a GPU (see check_loss); True/False force it.
+        self.deferred: bool | None = None
+        self._unread: list[tuple[int, Tensor]] = []
 
-    def check_loss(self, step: int, loss: Tensor) -> None:
-        """Raise if ``loss`` (this rank's) or any other rank's loss at ``step`` is not finite."""
+    def check_loss(self, step: int, loss: Tensor, settle: bool = True) -> None:
+        """Raise if ``loss`` (this rank's) or any other rank's loss at ``step`` is not finite.
+
+        A loss on a GPU is not read back at every step (that would make the host wait for the GPU each
+        step): its finiteness is kept on the device and read when ``settle`` is true (the loop passes it at
+        its logging steps, and before every evaluation and checkpoint, the same steps on every rank)."""
+        deferred = loss.is_cuda if self.deferred is None else self.deferred
+        if deferred:
+            self._unread.append((step, torch.isfinite(loss.detach()).all()))
+            if settle:
+                self.settle()
+            return
         finite = bool(torch.isfinite(loss.detach()).all())
         if self._agreement.any_rank(not finite):
             value = "not finite on another rank" if finite else f"{float(loss.detach().float().sum())}"
             self._raise(step, f"training loss is {value}")
+
+    def settle(self) -> None:
+        """Read the finiteness of the losses not read yet (one read for all of them) and raise for the first
+        step whose loss was not finite on some rank; a no-op when all were read."""
+        if not self._unread:
+            return
+        steps = [step for step, _ in self._unread]
+        finite = torch.stack([flag for _, flag in self._unread]).tolist()
+        self._unread.clear()
+        first_bad = next((step for step, ok in zip(steps, finite) if not ok), 0)
+        # The earliest bad step of any rank: every rank raises naming the same step.
+        first = self._agreement.most(-first_bad if first_bad else -(steps[-1] + 1))
+        if -first <= steps[-1]:
+            where = "" if first_bad == -first else " on another rank"
+            self._raise(-first, f"training loss is not finite{where}")
 
     def check_eval(self, step: int, metrics: dict[str, float]) -> None:
         """Raise if the held-out AUC is NaN, or back at chance after an evaluation above it."""

@@ -183,7 +183,9 @@ class TrainJob:
             position = self._position = Position(position.step + 1, position.examples + rows, data)
             loss = _loss_of(output)
             reporter.on_step(position.step, loss, position.examples)
-            self.guard.check_loss(position.step, loss)
+            # On a GPU the loss is read back at the logging steps only (the guard settles before every
+            # evaluation and checkpoint too), not every step.
+            self.guard.check_loss(position.step, loss, settle=position.step % cfg.train.log_every == 0)
             if every_eval and position.step % every_eval == 0:
                 self._evaluate(position.step, reporter, summary)
             if batches.stop_agreed:
@@ -198,6 +200,7 @@ class TrainJob:
     def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
         """Evaluate and report; a failing evaluation is logged and the run goes on (training is not lost)."""
         self._evaluated_step = step
+        self.guard.settle()
         try:
             metrics = self.evaluate()
         except (CollectiveTimeoutError, TrainingDiverged):
@@ -225,6 +228,7 @@ class TrainJob:
         evaluation that would tell the guard otherwise."""
         if position.step == self._saved_step:
             return None
+        self.guard.settle()  # never save the state a not-yet-read loss says diverged
         dense_range = self.dense_range.gathered(self.env, self.training.device)
         path = checkpointing.save(self.config, self.training, self.env, position, dense_range)
         self._saved_step = position.step

@@ -71,3 +71,16 @@ def test_chance_auc_with_confidently_wrong_predictions_raises_from_the_start():
     ) as caught:
         guard.check_eval(20, {"auc": 0.499, "ne": 7.3})
     assert "\n" not in str(caught.value) and "Fix: lower optimizer.sparse_lr" in str(caught.value)
+
+
+def test_a_deferred_loss_check_names_the_first_bad_step_when_it_settles():
+    """On a GPU the guard keeps each loss's finiteness on the device and reads them all at once."""
+    guard = DivergenceGuard(RankAgreement(None), last_good_step=40)
+    guard.deferred = True
+    guard.check_loss(41, torch.tensor(0.69), settle=False)
+    guard.check_loss(42, torch.tensor(float("nan")), settle=False)
+    guard.check_loss(43, torch.tensor(float("inf")), settle=False)  # nothing read yet: no raise
+    with pytest.raises(TrainingDiverged, match=r"at step 42: training loss is not finite; the last good"):
+        guard.settle()
+    guard.check_loss(44, torch.tensor(0.5), settle=True)  # settled and finite
+    guard.settle()  # nothing unread: a no-op
