@@ -3,9 +3,11 @@
 The order of work (each a plain step below):
 1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
 2. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
-3. replace each collection by its sharded form on this rank (weights copied from the collection);
-4. move the rest to the device and wrap it in DDP, telling DDP to leave the sharded tables alone (they are
-   never replicated; their updates happen inside backward).
+3. replace each collection by its sharded form on this rank: only this rank's shards are allocated, with
+   the collection's weights, or (a collection built on the meta device) the initial values it would have had;
+4. allocate and initialise any other module still on the meta device, move the rest to the device and wrap
+   it in DDP, telling DDP to leave the sharded tables alone (they are never replicated; their updates
+   happen inside backward).
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def _shard(
     return ShardedEmbeddingCollection(collection, module_plan, env, device)
 
 
+def _materialise_meta(module: nn.Module, sharded_paths: list[str], device: torch.device) -> None:
+    """Allocate on ``device`` and re-initialise (``reset_parameters``) every module outside the sharded
+    collections that still holds meta tensors, as TorchRec's DMP does for a model built on the meta device."""
+    inside = tuple(f"{p}." for p in sharded_paths)
+    for path, child in module.named_modules():
+        if path in sharded_paths or path.startswith(inside):
+            continue
+        own = [*child.parameters(recurse=False), *child.buffers(recurse=False)]
+        if any(t.is_meta for t in own):
+            child.to_empty(device=device, recurse=False)
+            if hasattr(child, "reset_parameters"):
+                child.reset_parameters()
+
+
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
     if not path:
         return new
@@ -95,7 +111,9 @@ class DistributedModelParallel(nn.Module):
     """A model whose embedding collections are sharded across the ranks of ``env`` (``torchrec``'s DMP).
 
     Args:
-        module: the unsharded model, built identically on every rank (its tables' weights get sharded).
+        module: the unsharded model, built identically on every rank. Build it (or its collections) on the
+            meta device so that no process ever holds a whole table: each rank then allocates and
+            initialises its own shards only, with the values the unsharded model would have had.
         env: this rank's place in the process group; default: the initialised default group.
         device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
@@ -134,6 +152,7 @@ class DistributedModelParallel(nn.Module):
         self._sharded_paths = list(collections)
         for path, collection in collections.items():
             module = _replace(module, path, _shard(collection, path, plan, env, self.device))
+        _materialise_meta(module, self._sharded_paths, self.device)
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)
         logger.info(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from rectrain.embedding import pt2_lookup
+from rectrain.embedding import init, pt2_lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -54,12 +54,14 @@ class EmbeddingBagCollection(nn.Module):
     Args:
         tables: the tables; names must be unique.
         is_weighted: pool ``sum(weight * row)`` using ``kjt.weights()`` as per-id weights.
-        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        device: where the tables live and the kernels run (cpu or cuda), or ``meta`` to describe the tables
+            without allocating them (for ``DistributedModelParallel`` to build only this rank's shards);
+            default: torch's current default device (cpu, or the device of a ``with torch.device(...)``).
         fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
 
     State dict keys are ``embedding_bags.<table>.weight`` (views of the kernel storage; loading copies into
-    it).
-    Unlike TorchRec, the module cannot be moved with ``.to()``: build it on the device it should live on.
+    it). Initial values are a function of ``init_seed`` (drawn from torch's default generator when the
+    collection is built), the table and the row (``rectrain.embedding.init``): sharding never changes them.
     """
 
     def __init__(
@@ -79,7 +81,8 @@ class EmbeddingBagCollection(nn.Module):
                 )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = is_weighted
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = torch.device(device) if device is not None else torch.empty(0).device
+        self.init_seed = init.draw_seed()
         self.fused_optimizer_config = fused_optimizer or FusedOptimizerConfig()
         groups = group_tables(
             self._embedding_bag_configs, key=lambda t: (self._kernel_pooling(t), t.data_type)
@@ -92,13 +95,15 @@ class EmbeddingBagCollection(nn.Module):
             self._device,
             prefix="embedding_bags",
         )
-        self._router = FeatureRouter([batch.feature_names for batch in self.embedding_bags.batches])
-        self._mean_spans = [self._divided_mean_spans(batch.tables) for batch in self.embedding_bags.batches]
+        kernels = self.embedding_bags.group_tables
+        self._router = FeatureRouter([[f for t in ts for f in t.feature_names] for ts in kernels])
+        self._mean_spans = [self._divided_mean_spans(tables) for tables in kernels]
         names = get_embedding_names_by_table(self._embedding_bag_configs)
         self._embedding_names = [name for table_names in names for name in table_names]
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
         columns = _output_columns(self._embedding_bag_configs, groups)
-        self._columns = None if columns is None else columns.to(self._device)
+        # A buffer, so that it moves with the tables (not saved: it follows from the configs).
+        self.register_buffer("_columns", None if columns is None else columns.to(self._device), False)
         self.reset_parameters()
         logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
@@ -120,7 +125,7 @@ class EmbeddingBagCollection(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return self.embedding_bags.device
 
     @property
     def fused_optimizer(self) -> FusedEmbeddingOptimizer:
@@ -134,8 +139,9 @@ class EmbeddingBagCollection(nn.Module):
         return self._is_weighted
 
     def reset_parameters(self) -> None:
-        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
-        self.embedding_bags.reset_parameters()
+        """Give every table its initial values again (from ``init_seed``: the same values as at construction;
+        each table's ``init_fn``, else uniform in [weight_init_min, weight_init_max])."""
+        self.embedding_bags.reset_parameters(self.init_seed)
 
     def forward(self, features: KJTLike) -> KeyedTensor:
         """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name.
@@ -143,7 +149,9 @@ class EmbeddingBagCollection(nn.Module):
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
         it in plain PyTorch ops (``pt2_lookup``).
         """
-        if torch.compiler.is_compiling():
+        if self.embedding_bags.is_meta:
+            values = torch.empty(features.stride(), sum(self._lengths_per_embedding), device="meta")
+        elif torch.compiler.is_compiling():
             values = pt2_lookup.pooled(
                 self.embedding_bags, self._embedding_bag_configs, features, self._is_weighted
             )

@@ -12,7 +12,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 
-from rectrain.embedding import pt2_lookup
+from rectrain.embedding import init, pt2_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -34,7 +34,8 @@ class EmbeddingCollection(nn.Module):
 
     Args:
         tables: the tables; names must be unique.
-        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        device: where the tables live and the kernels run (cpu or cuda), or ``meta`` (nothing allocated);
+            default: torch's current default device.
         need_indices: also return each id alongside its embedding.
         fused_optimizer: the optimizer applied inside backward; default row-wise Adagrad (lr 0.01).
 
@@ -59,7 +60,8 @@ class EmbeddingCollection(nn.Module):
                 )
         self._embedding_configs = list(tables)
         self._need_indices = need_indices
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = torch.device(device) if device is not None else torch.empty(0).device
+        self.init_seed = init.draw_seed()
         groups = group_tables(self._embedding_configs, key=lambda t: (t.embedding_dim, t.data_type))
         self.embeddings = FusedTables(
             self._embedding_configs,
@@ -69,13 +71,14 @@ class EmbeddingCollection(nn.Module):
             self._device,
             prefix="embeddings",
         )
-        self._router = FeatureRouter([batch.feature_names for batch in self.embeddings.batches])
+        kernels = self.embeddings.group_tables
+        self._router = FeatureRouter([[f for t in ts for f in t.feature_names] for ts in kernels])
         names = get_embedding_names_by_table(self._embedding_configs)
         by_table = {table.name: table_names for table, table_names in zip(tables, names)}
         # Output name of each TBE feature, in TBE order.
         self._group_names = [
-            [name for table in batch.tables for name in by_table[table.name]]
-            for batch in self.embeddings.batches
+            [name for table in tables for name in by_table[table.name]]
+            for tables in self.embeddings.group_tables
         ]
         self._embedding_names = [name for table_names in names for name in table_names]
         self.reset_parameters()
@@ -83,7 +86,7 @@ class EmbeddingCollection(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return self.embeddings.device
 
     @property
     def fused_optimizer(self) -> FusedEmbeddingOptimizer:
@@ -100,8 +103,8 @@ class EmbeddingCollection(nn.Module):
         return get_embedding_names_by_table(self._embedding_configs)
 
     def reset_parameters(self) -> None:
-        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
-        self.embeddings.reset_parameters()
+        """Give every table its initial values again (from ``init_seed``, as at construction)."""
+        self.embeddings.reset_parameters(self.init_seed)
 
     def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
         """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``.
