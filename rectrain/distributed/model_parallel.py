@@ -28,6 +28,8 @@ from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
+from rectrain.planner.memory import check_fits, rank_memory
+from rectrain.planner.planner import BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,27 @@ def _shard(
     return ShardedEmbeddingCollection(collection, module_plan, env, device)
 
 
+def check_memory(
+    plan: ShardingPlan,
+    collections: dict[str, nn.Module],
+    module: nn.Module,
+    topology: Topology,
+    batch_size: int | None,
+) -> None:
+    """Refuse, before anything is allocated, a plan whose estimated resident memory on some rank exceeds the
+    memory that rank may use (``rectrain.planner.memory``; CPU ranks, where the estimate is calibrated)."""
+    if topology.compute_device != "cpu":
+        return
+    embedding = {id(p) for c in collections.values() for p in c.parameters()}
+    dense = sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in embedding)
+    configs = [c.fused_optimizer_config for c in collections.values()]
+    optimizer = max(configs, key=lambda config: config.state_floats_per_row(128))
+    tables = {path: _tables_of(c) for path, c in collections.items()}
+    memory = rank_memory(plan, tables, optimizer, batch_size or BATCH_SIZE, dense)
+    capacity = [topology.capacity(r) for r in range(topology.world_size)]
+    check_fits(memory, capacity, "the sharding plan does not fit this machine")
+
+
 def _materialise_meta(module: nn.Module, sharded_paths: list[str], device: torch.device) -> None:
     """Allocate on ``device`` and re-initialise (``reset_parameters``) every module outside the sharded
     collections that still holds meta tensors, as TorchRec's DMP does for a model built on the meta device."""
@@ -119,6 +142,8 @@ class DistributedModelParallel(nn.Module):
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
         sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices.
         batch_size: the per-rank batch size the planner assumes when planning.
+        topology: the memory each rank may use (default: this host's memory over its local ranks); a plan
+            whose estimated resident memory exceeds it on some rank is refused before anything is allocated.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
     ``dmp.fused_optimizer`` steps (no-ops) and checkpoints every collection's fused optimizer, and
@@ -134,6 +159,8 @@ class DistributedModelParallel(nn.Module):
         plan: ShardingPlan | None = None,
         sharders: list | None = None,
         batch_size: int | None = None,
+        *,
+        topology: Topology | None = None,
     ) -> None:
         super().__init__()
         if env is None:
@@ -150,6 +177,13 @@ class DistributedModelParallel(nn.Module):
             plan = plan_collections(collections, env, self.device, batch_size, sharders)
         self.plan = plan
         self._sharded_paths = list(collections)
+        if plan is not None and collections:
+            topology = topology or Topology(
+                world_size=env.world_size,
+                compute_device=self.device.type,
+                local_world_size=env.local_world_size,
+            )
+            check_memory(plan, collections, module, topology, batch_size)
         for path, collection in collections.items():
             module = _replace(module, path, _shard(collection, path, plan, env, self.device))
         _materialise_meta(module, self._sharded_paths, self.device)

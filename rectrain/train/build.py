@@ -181,8 +181,20 @@ def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
     if sharded:
         tables = {path: list(config.model.tables) for path in find_collections(train_module)}
         plan = make_plan(config, tables, env.world_size, env)
+        topology = Topology(
+            world_size=env.world_size,
+            compute_device=device.type,
+            local_world_size=env.local_world_size,
+            ddr_cap=_bytes(config.planner.ddr_cap_gb),
+            hbm_cap=_bytes(config.planner.hbm_cap_gb),
+        )
         model: nn.Module = DistributedModelParallel(
-            train_module, env=env, device=device, plan=plan, batch_size=config.train.batch_size
+            train_module,
+            env=env,
+            device=device,
+            plan=plan,
+            batch_size=config.train.batch_size,
+            topology=topology,
         )
         sparse, inner, collections = model.fused_optimizer, model.module, model.sharded_modules()
     else:
