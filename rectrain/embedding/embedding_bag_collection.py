@@ -4,8 +4,6 @@ All tables that share a pooling mode and data type go through one FBGEMM TBE cal
 its backward (``fused_optimizer``), so no embedding gradient is materialised.
 """
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Sequence
 
@@ -17,11 +15,12 @@ from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, 
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.embedding.lookup_call import PooledLookupCall
 from rectrain.embedding.pooling import divide_by_bag_lengths
 from rectrain.embedding.table_batch import pooling_mode
 from rectrain.errors import ConfigError
 from rectrain.optim.fused import FusedEmbeddingOptimizer
-from rectrain.sparse import KeyedTensor
+from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +44,8 @@ def _output_columns(tables: Sequence[EmbeddingBagConfig], groups: Sequence[Seque
 
 
 class EmbeddingBagCollection(nn.Module):
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
+
     """Pooled embeddings of several features, one ``KeyedTensor`` out (``torchrec.EmbeddingBagCollection``).
 
     ``forward(kjt)`` returns a ``KeyedTensor`` whose keys are the embedding names in table order (each table's
@@ -104,6 +105,7 @@ class EmbeddingBagCollection(nn.Module):
         columns = _output_columns(self._embedding_bag_configs, groups)
         # A buffer, so that it moves with the tables (not saved: it follows from the configs).
         self.register_buffer("_columns", None if columns is None else columns.to(self._device), False)
+        self._lookup = PooledLookupCall(self._pooled)
         self.reset_parameters()
         logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
@@ -143,12 +145,18 @@ class EmbeddingBagCollection(nn.Module):
         each table's ``init_fn``, else uniform in [weight_init_min, weight_init_max])."""
         self.embedding_bags.reset_parameters(self.init_seed)
 
-    def forward(self, features: KJTLike) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name.
 
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
-        it in plain PyTorch ops (``pt2_lookup``).
+        it in plain PyTorch ops (``pt2_lookup``); TorchScript calls it back in Python (``lookup_call``).
         """
+        values = self._lookup(features)
+        return KeyedTensor(
+            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
+        )
+
+    def _pooled(self, features: KJTLike) -> Tensor:
         if self.embedding_bags.is_meta:
             values = torch.empty(features.stride(), sum(self._lengths_per_embedding), device="meta")
         elif torch.compiler.is_compiling():
@@ -164,9 +172,7 @@ class EmbeddingBagCollection(nn.Module):
                 self._mean_spans,
                 self._columns,
             )
-        return KeyedTensor(
-            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
-        )
+        return values
 
 
 @torch.fx.wrap

@@ -4,8 +4,6 @@ FBGEMM's sequence mode (``PoolingMode.NONE``) needs one dim for all tables of a 
 dim (and data type); each group is one TBE call with its optimizer fused into backward.
 """
 
-from __future__ import annotations
-
 import logging
 
 import torch
@@ -17,14 +15,17 @@ from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.embedding.lookup_call import SequenceLookupCall
 from rectrain.errors import ConfigError
 from rectrain.optim.fused import FusedEmbeddingOptimizer
-from rectrain.sparse import JaggedTensor
+from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
 
 
 class EmbeddingCollection(nn.Module):
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
+
     """Per-id embeddings of several features (``torchrec.EmbeddingCollection``).
 
     ``forward(kjt)`` returns ``{embedding name: JaggedTensor}`` with values ``[num ids, dim]`` and the
@@ -81,6 +82,7 @@ class EmbeddingCollection(nn.Module):
             for tables in self.embeddings.group_tables
         ]
         self._embedding_names = [name for table_names in names for name in table_names]
+        self._lookup = SequenceLookupCall(self._sequences)
         self.reset_parameters()
         logger.debug("EmbeddingCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
@@ -106,12 +108,15 @@ class EmbeddingCollection(nn.Module):
         """Give every table its initial values again (from ``init_seed``, as at construction)."""
         self.embeddings.reset_parameters(self.init_seed)
 
-    def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``.
 
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
-        it in plain PyTorch ops (``pt2_lookup``).
+        it in plain PyTorch ops (``pt2_lookup``); TorchScript calls it back in Python (``lookup_call``).
         """
+        return self._lookup(features)
+
+    def _sequences(self, features: KJTLike) -> dict[str, JaggedTensor]:
         if torch.compiler.is_compiling():
             return pt2_lookup.sequence(
                 self.embeddings,

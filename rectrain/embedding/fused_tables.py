@@ -26,6 +26,8 @@ class TableWeight(nn.Module):
 
 
 class FusedTables(nn.ModuleDict):
+    __jit_unused_properties__ = ["device", "is_meta"]
+
     """``{table name: TableWeight}`` backed by one FBGEMM TBE per group of tables.
 
     Registered by the collections as ``embedding_bags`` / ``embeddings`` so that state-dict keys are
