@@ -44,8 +44,6 @@ def _output_columns(tables: Sequence[EmbeddingBagConfig], groups: Sequence[Seque
 
 
 class EmbeddingBagCollection(nn.Module):
-    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
-
     """Pooled embeddings of several features, one ``KeyedTensor`` out (``torchrec.EmbeddingBagCollection``).
 
     ``forward(kjt)`` returns a ``KeyedTensor`` whose keys are the embedding names in table order (each table's
@@ -64,6 +62,8 @@ class EmbeddingBagCollection(nn.Module):
     it). Initial values are a function of ``init_seed`` (drawn from torch's default generator when the
     collection is built), the table and the row (``rectrain.embedding.init``): sharding never changes them.
     """
+
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
 
     def __init__(
         self,

@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 
 class EmbeddingCollection(nn.Module):
-    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
-
     """Per-id embeddings of several features (``torchrec.EmbeddingCollection``).
 
     ``forward(kjt)`` returns ``{embedding name: JaggedTensor}`` with values ``[num ids, dim]`` and the
@@ -42,6 +40,8 @@ class EmbeddingCollection(nn.Module):
 
     State dict keys are ``embeddings.<table>.weight``.
     """
+
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
 
     def __init__(
         self,

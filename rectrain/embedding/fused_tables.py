@@ -26,8 +26,6 @@ class TableWeight(nn.Module):
 
 
 class FusedTables(nn.ModuleDict):
-    __jit_unused_properties__ = ["device", "is_meta"]
-
     """``{table name: TableWeight}`` backed by one FBGEMM TBE per group of tables.
 
     Registered by the collections as ``embedding_bags`` / ``embeddings`` so that state-dict keys are
@@ -49,6 +47,8 @@ class FusedTables(nn.ModuleDict):
         device: where weights live and kernels run (cpu, cuda or meta).
         prefix: the collection's attribute name, used for the optimizer's parameter keys.
     """
+
+    __jit_unused_properties__ = ["device", "is_meta"]  # not for TorchScript
 
     def __init__(
         self,
