@@ -130,9 +130,10 @@ class FusedTables(nn.ModuleDict):
 
     def reset_parameters(self, seed: int) -> None:
         """Give every table its initial values from ``seed`` (see ``rectrain.embedding.init``)."""
+        if self.is_meta:
+            return  # nothing allocated: the values are drawn where the tables (or shards) are built
         for table in self.tables:
-            if not self.is_meta:
-                init.fill_rows(self[table.name].weight, table, seed)
+            init.fill_rows(self[table.name].weight, table, seed)
 
     def _aliases_intact(self) -> bool:
         views = self._weight_views()
