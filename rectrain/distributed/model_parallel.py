@@ -38,6 +38,7 @@ from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
 from rectrain.planner.memory import check_fits, rank_memory
 from rectrain.planner.planner import BATCH_SIZE
+from rectrain.planner.types import ShardingType
 from rectrain.zch.module import ManagedCollisionModule
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ def check_memory(
         return
     embedding = {id(p) for c in collections.values() for p in c.parameters()}
     dense = sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in embedding)
+    dense += _trainable_replica_bytes(plan, collections) // 2
     # The optimizer each collection's sharded tables train with (``collection_optimizers``); as the planner
     # does, the largest state per row is the safe estimate.
     optimizer = max(optimizers.values(), key=lambda config: config.state_floats_per_row(128))
@@ -159,6 +161,23 @@ def check_memory(
     memory = rank_memory(plan, tables, optimizer, batch_size or BATCH_SIZE, dense)
     capacity = [topology.capacity(r) for r in range(topology.world_size)]
     check_fits(memory, capacity, "the sharding plan does not fit this machine")
+
+
+def _trainable_replica_bytes(plan: ShardingPlan, collections: dict[str, nn.Module]) -> int:
+    """Bytes of the data-parallel tables that stay trainable parameters (collections built TorchRec's way).
+
+    ``rank_memory`` counts a replica's weights and an optimizer state; such a table also holds a dense
+    gradient and a DDP bucket, which half its bytes counted as dense part (x 4) add."""
+    total = 0
+    for path, collection in collections.items():
+        if collection.fused_optimizer_config is not None:
+            continue
+        module_plan = plan.get_plan_for_module(path) or {}
+        for table in _tables_of(collection):
+            sharding = module_plan.get(table.name)
+            if sharding is not None and sharding.sharding_type is ShardingType.DATA_PARALLEL:
+                total += int(table.num_embeddings * table.embedding_dim * table.data_type.bits / 8)
+    return total
 
 
 def _materialise_meta(module: nn.Module, sharded_paths: list[str], device: torch.device) -> None:

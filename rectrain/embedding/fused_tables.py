@@ -90,7 +90,7 @@ class FusedTables(nn.ModuleDict):
         ]
 
     def _make_optimizer(self, lr: float) -> FusedEmbeddingOptimizer:
-        return FusedEmbeddingOptimizer(
+        optimizer = FusedEmbeddingOptimizer(
             {self._param_key(t.name): self[t.name].weight for t in self.tables},
             self._optimizer_state,
             self.batches,
@@ -99,7 +99,8 @@ class FusedTables(nn.ModuleDict):
         for table in self.tables:
             # TorchRec's mark of a table updated in backward: in_backward_optimizer_filter leaves it out of
             # the optimizers built from model.named_parameters().
-            self[table.name].weight._in_backward_optimizers = [self.fused_optimizer]
+            self[table.name].weight._in_backward_optimizers = [optimizer]
+        return optimizer
 
     def _param_key(self, table: str) -> str:
         return f"{self._prefix}.{table}.weight"

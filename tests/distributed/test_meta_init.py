@@ -1,6 +1,9 @@
 """Collections built on the meta device: DistributedModelParallel's ranks allocate only their shards, and the
 initial values are a function of (seed, table, global row): the same seed gives bit-identical weights
-unsharded and at 1, 2 and 3 real gloo ranks under each of the five sharding types."""
+unsharded and at 1, 2 and 3 real gloo ranks under each of the five sharding types, for collections built with
+``fused_optimizer=`` and for collections built TorchRec's way (``nn.EmbeddingBag`` / ``nn.Embedding`` tables,
+whose sharded kernels take the optimizer ``DistributedModelParallel`` resolved, and whose data-parallel tables
+stay trainable parameters)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from rectrain.distributed.sharding_plan import (
     table_wise,
 )
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
-from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig
+from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.init import ROW_BLOCK
 from tests.distributed.multiprocess import run_multiprocess
 
@@ -62,7 +65,7 @@ def _generator(kind: str, dim: int, world_size: int):
     return makers[kind]()
 
 
-def _shard(env, collection, kind: str):
+def _shard(env, collection, kind: str, fused: bool):
     tables = (
         collection.embedding_bag_configs()
         if isinstance(collection, EmbeddingBagCollection)
@@ -75,20 +78,25 @@ def _shard(env, collection, kind: str):
         if isinstance(collection, EmbeddingBagCollection)
         else ShardedEmbeddingCollection
     )
-    return cls(collection, plan, env, torch.device("cpu"))
+    # Built TorchRec's way, the collection has no fused optimizer: DMP passes the one it resolved.
+    optimizer = None if fused else FusedOptimizerConfig()
+    return cls(collection, plan, env, torch.device("cpu"), fused_optimizer=optimizer)
 
 
-def _local_shards(env) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
+def _local_shards(env, fused: bool) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     """Every rank's shards of both collections under each sharding type, built from meta collections."""
     found = {}
+    optimizer = FusedOptimizerConfig() if fused else None
     for kind in KINDS:
-        for make in (
-            lambda: EmbeddingBagCollection(bag_tables(), device="meta"),
-            lambda: EmbeddingCollection(sequence_tables(), device="meta"),
-        ):
+        makers = [lambda: EmbeddingBagCollection(bag_tables(), device="meta", fused_optimizer=optimizer)]
+        if fused or kind != "dp":  # an EmbeddingCollection built TorchRec's way has no data-parallel tables
+            makers.append(
+                lambda: EmbeddingCollection(sequence_tables(), device="meta", fused_optimizer=optimizer)
+            )
+        for make in makers:
             torch.manual_seed(SEED)
             collection = make()
-            sharded = _shard(env, collection, kind)
+            sharded = _shard(env, collection, kind, fused)
             allocated = sum(p.numel() for p in sharded.parameters())
             owned = 0
             for key, table in sharded.sharded_state().items():
@@ -102,15 +110,21 @@ def _local_shards(env) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     return found
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_meta_built_shards_are_bit_identical_to_the_unsharded_tables(world_size):
+@pytest.mark.parametrize(
+    ("world_size", "fused"),
+    [(1, True), (2, True), (3, True), (2, False), (3, False)],
+    ids=["1-fused", "2-fused", "3-fused", "2-torchrec", "3-torchrec"],
+)
+def test_meta_built_shards_are_bit_identical_to_the_unsharded_tables(world_size, fused):
+    # The unsharded reference is built the other way round (fused vs TorchRec's): one seed, the same tables.
+    reference = None if fused else FusedOptimizerConfig()
     torch.manual_seed(SEED)
-    bags = EmbeddingBagCollection(bag_tables()).state_dict()
+    bags = EmbeddingBagCollection(bag_tables(), fused_optimizer=reference).state_dict()
     torch.manual_seed(SEED)
-    sequences = EmbeddingCollection(sequence_tables()).state_dict()
+    sequences = EmbeddingCollection(sequence_tables(), fused_optimizer=reference).state_dict()
     expected = {**bags, **sequences}
     covered = {}
-    for rank_shards in run_multiprocess(_local_shards, world_size):
+    for rank_shards in run_multiprocess(_local_shards, world_size, fused):
         for name, pieces in rank_shards.items():
             kind, key = name.split("/")
             full = expected[key]
@@ -120,5 +134,7 @@ def test_meta_built_shards_are_bit_identical_to_the_unsharded_tables(world_size)
                 covered[name] = covered.get(name, 0) + tensor.numel()
     for kind in KINDS:
         for key, full in expected.items():
+            if not fused and kind == "dp" and key in sequences:
+                continue
             replicas = world_size if kind == "dp" else 1
             assert covered[f"{kind}/{key}"] == full.numel() * replicas, (kind, key)
