@@ -157,41 +157,49 @@ def _write_triton(package: Path, args: argparse.Namespace) -> int:
 def _run_checkpoint_export(args: argparse.Namespace) -> int:
     if args.model_config is not None:
         raise ExportError("--model-config applies to --from-torchrec; a checkpoint records its model config")
-    from rectrain.checkpoint import load_full_state
+    from recserve.export.sources import CheckpointSource
     from rectrain.errors import ConfigError
     from rectrain.models.config import ModelConfig
 
-    manifest, state = load_full_state(args.checkpoint, step=args.step)
-    if manifest.model_config is None:
-        raise ExportError(
-            f"{args.checkpoint}: the checkpoint records no model_config; save it with "
-            "save_checkpoint(..., model_config=cfg) so that export knows the architecture"
-        )
-    try:
-        cfg = ModelConfig.from_dict(manifest.model_config, where=f"{args.checkpoint}: model_config")
-    except ConfigError as error:
-        raise ExportError(str(error)) from None
-    source = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": manifest.step}
-    source["world_size"] = manifest.world_size
-    path = export_package(
+    with CheckpointSource(args.checkpoint, step=args.step) as checkpoint:
+        manifest = checkpoint.manifest
+        if manifest.model_config is None:
+            raise ExportError(
+                f"{args.checkpoint}: the checkpoint records no model_config; save it with "
+                "save_checkpoint(..., model_config=cfg) so that export knows the architecture"
+            )
+        try:
+            cfg = ModelConfig.from_dict(manifest.model_config, where=f"{args.checkpoint}: model_config")
+        except ConfigError as error:
+            raise ExportError(str(error)) from None
+        source = {"checkpoint": str(Path(args.checkpoint).resolve()), "step": manifest.step}
+        source["world_size"] = manifest.world_size
+        path = _export_checkpoint(args, cfg, checkpoint, source)
+    _print_summary(path)
+    return 0
+
+
+def _export_checkpoint(args: argparse.Namespace, cfg: Any, checkpoint: Any, source: dict) -> Path:
+    """``export_checkpoint`` with the command line's options (table by table: memory of one slice)."""
+    from recserve.export.exporter import export_checkpoint
+
+    return export_checkpoint(
         args.out,
-        model_config=cfg,
-        state_dict=state,
+        cfg,
+        checkpoint,
         dtype=args.dtype,
         table_dtypes=parse_table_dtypes(args.table_dtype),
         dense_dtype=args.dense_dtype,
         devices=[d for d in args.devices.split(",") if d.strip()],
-        model_name=args.model_name or default_model_name(args.checkpoint, manifest.extra),
+        model_name=args.model_name or default_model_name(args.checkpoint, checkpoint.manifest.extra),
         version=args.version,
         source=source,
         max_auc_drop=args.max_auc_drop,
         force=args.force,
         overwrite=args.overwrite,
-        dense_range=manifest.extra.get("dense_range"),
+        dense_range=checkpoint.manifest.extra.get("dense_range"),
         dense_bounds=args.dense_bounds,
     )
-    _print_summary(path)
-    return 0
 
 
 def run_torchrec_export(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
-"""``export_package``: a trained prediction module's state dict -> a quantized, placed, checked model package.
+"""``export_package`` / ``export_checkpoint``: trained weights -> a quantized, placed, checked model package.
 
-Order of work: check the state dict against the architecture config; quantize each table; plan the serving
-placement; cast the dense part; measure accuracy against fp32 (refuse above the threshold unless forced);
-write the package atomically.
+Order of work: check the weights against the architecture config; plan the serving placement; cast the dense
+part; then table by table, a slice of rows at a time: read, quantize, write into the staged package (keeping
+the rows the accuracy sample reads); measure accuracy against fp32 on those rows (refuse above the threshold
+unless forced: the staged package is dropped); publish the package atomically. Memory: one slice of one
+table, whatever the model's size.
 """
 
 from __future__ import annotations
@@ -13,26 +15,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 import recserve
 from recserve.errors import AccuracyError, ExportError
-from recserve.export.accuracy import AccuracySample, accuracy_report
+from recserve.export.accuracy import AccuracySample, accuracy_report, synthetic_sample
 from recserve.export.planner import TableLoad, plan_placement
 from recserve.export.quantize import check_dim, quantize_table
+from recserve.export.sample_rows import CompactSample, compact_sample
+from recserve.export.sources import CheckpointSource, StateDictSource, TableSource
 from recserve.export.torchrec_import import import_module
-from recserve.export.writer import write_package
+from recserve.export.writer import PackageWriter
 from recserve.runtime.assembly import build_skeleton, dense_state_keys, table_weight_key
 from recserve.runtime.dense_bounds import ACTIONS, WIDEN, bounds_from_range
-from recserve.runtime.layout import QuantizedTable, TableDType, row_bytes
+from recserve.runtime.layout import TableDType, kernel_rows, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry
 from recserve.runtime.predictor import DENSE_DTYPES, metadata_for
-from recserve.runtime.quant_embedding import split_by_placement
 from rectrain.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_AUC_DROP = 0.005
+_SLICE_BYTES = 64 * 2**20  # fp32 rows read and quantized at once
 
 
 def resolve_table_dtypes(
@@ -48,47 +53,60 @@ def resolve_table_dtypes(
     return {name: overrides.get(name, default) for name in names}
 
 
+def check_parts(cfg: ModelConfig, tables: TableSource, dense: Mapping[str, Tensor], extra: list[str]) -> None:
+    """ExportError unless ``tables`` has every table of ``cfg`` with its shape, ``dense`` every dense entry of
+    ``cfg``'s prediction module with its shape, and nothing else (``extra``: the source's other keys)."""
+    skeleton, ebc_path = build_skeleton(cfg)
+    expected_dense = skeleton.state_dict()
+    for table in cfg.tables:
+        key = table_weight_key(ebc_path, table.name)
+        shape = (table.num_embeddings, table.embedding_dim)
+        got = tables.shape(key)
+        if got is None:
+            raise ExportError(f"state_dict has no {key!r} (table {table.name!r} of the model config)")
+        if tuple(got) != shape:
+            raise ExportError(f"state_dict[{key!r}]: shape {tuple(got)}, config says {shape}")
+    for key in dense_state_keys(skeleton, ebc_path):
+        if key not in dense:
+            raise ExportError(f"state_dict has no {key!r}, which the model config's dense part needs")
+        if dense[key].shape != expected_dense[key].shape:
+            raise ExportError(
+                f"state_dict[{key!r}]: shape {tuple(dense[key].shape)}, the model config gives "
+                f"{tuple(expected_dense[key].shape)}"
+            )
+    known = set(dense_state_keys(skeleton, ebc_path)) | {
+        table_weight_key(ebc_path, t.name) for t in cfg.tables
+    }
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ExportError(f"state_dict has entries the model config does not know: {unknown[:5]}")
+
+
 def split_state_dict(
     cfg: ModelConfig, state_dict: Mapping[str, Tensor]
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """``(table weights by table name, dense state)``, checked against ``cfg``'s prediction module."""
-    skeleton, ebc_path = build_skeleton(cfg)
-    expected_dense = skeleton.state_dict()
-    tables: dict[str, Tensor] = {}
-    for table in cfg.tables:
-        key = table_weight_key(ebc_path, table.name)
-        shape = (table.num_embeddings, table.embedding_dim)
-        if key not in state_dict:
-            raise ExportError(f"state_dict has no {key!r} (table {table.name!r} of the model config)")
-        if tuple(state_dict[key].shape) != shape:
-            raise ExportError(
-                f"state_dict[{key!r}]: shape {tuple(state_dict[key].shape)}, config says {shape}"
-            )
-        tables[table.name] = state_dict[key]
-    dense: dict[str, Tensor] = {}
-    for key in dense_state_keys(skeleton, ebc_path):
-        if key not in state_dict:
-            raise ExportError(f"state_dict has no {key!r}, which the model config's dense part needs")
-        if state_dict[key].shape != expected_dense[key].shape:
-            raise ExportError(
-                f"state_dict[{key!r}]: shape {tuple(state_dict[key].shape)}, the model config gives "
-                f"{tuple(expected_dense[key].shape)}"
-            )
-        dense[key] = state_dict[key]
-    extra = sorted(set(state_dict) - set(dense) - {table_weight_key(ebc_path, t) for t in tables})
-    if extra:
-        raise ExportError(f"state_dict has entries the model config does not know: {extra[:5]}")
-    return tables, dense
+    _, ebc_path = build_skeleton(cfg)
+    table_keys = {table_weight_key(ebc_path, t.name): t.name for t in cfg.tables}
+    dense = {k: v for k, v in state_dict.items() if k not in table_keys}
+    check_parts(cfg, StateDictSource(state_dict), dense, list(state_dict))
+    return {name: state_dict[key] for key, name in table_keys.items()}, dense
 
 
-def _quantize_all(
-    cfg: ModelConfig, tables: Mapping[str, Tensor], dtypes: Mapping[str, TableDType]
-) -> dict[str, QuantizedTable]:
-    quantized = {}
-    for table in cfg.tables:
-        check_dim(table.name, table.embedding_dim, dtypes[table.name])
-        quantized[table.name] = quantize_table(tables[table.name], dtypes[table.name])
-    return quantized
+def _stream_table(
+    writer: PackageWriter, tables: TableSource, key: str, table: Any, dtype: TableDType, kept: Tensor
+) -> Tensor:
+    """Quantize ``table`` a slice of rows at a time into the package; returns its fp32 rows ``kept``."""
+    compact = torch.zeros(max(1, kept.numel()), table.embedding_dim)
+    step = max(1, _SLICE_BYTES // (4 * table.embedding_dim))
+    for start in range(0, table.num_embeddings, step):
+        end = min(table.num_embeddings, start + step)
+        weight = tables.rows(key, start, end).detach().to("cpu", torch.float32)
+        quantized = quantize_table(weight, dtype)
+        writer.write_rows(table.name, start, kernel_rows(quantized.weights, quantized.scale_bias))
+        inside = ((kept >= start) & (kept < end)).nonzero().squeeze(1)
+        compact[inside] = weight[kept[inside] - start]
+    return compact
 
 
 def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool) -> None:
@@ -175,58 +193,140 @@ def export_package(
             and what serving does beyond it, widened: ``refuse``, ``clip`` or ``off`` (no bound). Without a
             range the package has no bound.
     """
-    if dense_dtype not in DENSE_DTYPES:
-        raise ExportError(f"dense_dtype: expected one of {list(DENSE_DTYPES)}, got {dense_dtype!r}")
     if (state_dict is None) == (model is None):
         raise ExportError("export_package: give exactly one of state_dict= and model=")
     if model is not None:
         model_config, state_dict = import_module(model_config, model)
-    dtypes = resolve_table_dtypes(model_config, dtype, table_dtypes)
-    tables, dense = split_state_dict(model_config, state_dict)
-    quantized = _quantize_all(model_config, tables, dtypes)
+    _, ebc_path = build_skeleton(model_config)
+    table_keys = {table_weight_key(ebc_path, t.name) for t in model_config.tables}
+    dense = {k: v for k, v in state_dict.items() if k not in table_keys}
+    check_parts(model_config, StateDictSource(state_dict), dense, list(state_dict))
+    options = dict(
+        dtype=dtype,
+        table_dtypes=table_dtypes,
+        dense_dtype=dense_dtype,
+        devices=devices,
+        model_name=model_name,
+        version=version,
+        source=source,
+        accuracy_sample=accuracy_sample,
+        max_auc_drop=max_auc_drop,
+        force=force,
+        capacity_bytes=capacity_bytes,
+        overwrite=overwrite,
+        dense_range=dense_range,
+        dense_bounds=dense_bounds,
+    )
+    return export_tables(out_dir, model_config, StateDictSource(state_dict), dense, **options)
+
+
+def export_checkpoint(
+    out_dir: str | Path, model_config: ModelConfig, checkpoint: CheckpointSource, **options: Any
+) -> Path:
+    """Export a training checkpoint, table by table (``options`` as for :func:`export_package`)."""
+    check_parts(model_config, checkpoint, checkpoint.dense, [*checkpoint.keys(), *checkpoint.dense])
+    return export_tables(out_dir, model_config, checkpoint, checkpoint.dense, **options)
+
+
+def export_tables(
+    out_dir: str | Path,
+    cfg: ModelConfig,
+    tables: TableSource,
+    dense: Mapping[str, Tensor],
+    *,
+    dtype: str = "int8",
+    table_dtypes: Mapping[str, str] | None = None,
+    dense_dtype: str = "fp32",
+    devices: Sequence[str] = ("cpu",),
+    model_name: str = "model",
+    version: str = "1",
+    source: dict[str, Any] | None = None,
+    accuracy_sample: AccuracySample | None = None,
+    max_auc_drop: float = DEFAULT_MAX_AUC_DROP,
+    force: bool = False,
+    capacity_bytes: Mapping[str, float] | None = None,
+    overwrite: bool = False,
+    dense_range: Mapping[str, Any] | None = None,
+    dense_bounds: str = "refuse",
+) -> Path:
+    """The package of checked parts: each table is read, quantized and written a slice of rows at a time
+    (memory: one slice, plus the rows the accuracy sample reads), the accuracy gate runs on those rows."""
+    if dense_dtype not in DENSE_DTYPES:
+        raise ExportError(f"dense_dtype: expected one of {list(DENSE_DTYPES)}, got {dense_dtype!r}")
+    bounds = _dense_bounds(dense_range, dense_bounds, cfg.dense_in_features, source)
+    dtypes = resolve_table_dtypes(cfg, dtype, table_dtypes)
+    for t in cfg.tables:
+        check_dim(t.name, t.embedding_dim, dtypes[t.name])
     loads = [
         TableLoad(t.name, t.num_embeddings, row_bytes(t.embedding_dim, dtypes[t.name]), float(t.num_features))
-        for t in model_config.tables
+        for t in cfg.tables
     ]
     placement = plan_placement(loads, devices, capacity_bytes=capacity_bytes)
     dense_state = {k: v.detach().to("cpu", DENSE_DTYPES[dense_dtype]) for k, v in dense.items()}
-    report = accuracy_report(
-        model_config,
-        state_dict,
-        tables,
-        quantized,
+    compact = compact_sample(cfg, accuracy_sample or synthetic_sample(cfg))
+    _, ebc_path = build_skeleton(cfg)
+    writer = PackageWriter(
+        out_dir,
         placement,
-        dense_state,
-        dense_dtype,
-        sample=accuracy_sample,
+        {t.name: (t.embedding_dim, dtypes[t.name]) for t in cfg.tables},
+        overwrite=overwrite,
     )
-    _check_accuracy(report, max_auc_drop, force)
-    metadata = metadata_for(model_config, {})
+    try:
+        kept = {
+            t.name: _stream_table(
+                writer, tables, table_weight_key(ebc_path, t.name), t, dtypes[t.name], compact.rows[t.name]
+            )
+            for t in cfg.tables
+        }
+        report = _compact_report(compact, kept, dtypes, dense, dense_state, dense_dtype, ebc_path)
+        _check_accuracy(report, max_auc_drop, force)
+    except BaseException:
+        writer.abort()
+        raise
+    metadata = metadata_for(cfg, {})
     manifest = PackageManifest(
         model_name=model_name,
         version=str(version),
-        model_config=model_config.to_dict(),
+        model_config=cfg.to_dict(),
         feature_names=metadata.feature_names,
         weighted_features=metadata.weighted_features,
-        dense_in_features=model_config.dense_in_features,
+        dense_in_features=cfg.dense_in_features,
         dense_dtype=dense_dtype,
         tables=[
-            TableEntry(t.name, t.num_embeddings, t.embedding_dim, dtypes[t.name], quantized[t.name].nbytes)
-            for t in model_config.tables
+            TableEntry(t.name, t.num_embeddings, t.embedding_dim, dtypes[t.name], loads[i].nbytes)
+            for i, t in enumerate(cfg.tables)
         ],
         placement=placement,
         source={**(source or {}), "recserve_version": recserve.__version__},
         accuracy=report,
-        dense_bounds=_dense_bounds(dense_range, dense_bounds, model_config.dense_in_features, source),
+        dense_bounds=bounds,
     )
-    path = write_package(
-        out_dir, manifest, split_by_placement(quantized, placement), dense_state, overwrite=overwrite
-    )
+    path = writer.finish(manifest, dense_state)
     logger.info(
         "exported %s: %d tables over %s, AUC diff %.5f",
         path,
-        len(tables),
+        len(cfg.tables),
         placement.devices,
         report["package"]["auc_diff"],
     )
     return path
+
+
+def _compact_report(
+    compact: CompactSample,
+    kept: Mapping[str, Tensor],
+    dtypes: Mapping[str, TableDType],
+    dense: Mapping[str, Tensor],
+    dense_state: Mapping[str, Tensor],
+    dense_dtype: str,
+    ebc_path: str,
+) -> dict[str, Any]:
+    """The accuracy report on the rows the sample reads (the compact model; see ``sample_rows``)."""
+    cfg = compact.config
+    quantized = {name: quantize_table(weight, dtypes[name]) for name, weight in kept.items()}
+    state = {**dense, **{table_weight_key(ebc_path, name): w for name, w in kept.items()}}
+    loads = [TableLoad(t.name, t.num_embeddings, 1) for t in cfg.tables]
+    placement = plan_placement(loads, ["cpu"])
+    return accuracy_report(
+        cfg, state, kept, quantized, placement, dense_state, dense_dtype, sample=compact.sample
+    )

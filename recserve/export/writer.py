@@ -1,6 +1,10 @@
-"""Write a model package atomically: files go to a temporary sibling directory, are fsynced and checksummed,
-and the directory is renamed into place, so a reader (or a server watching the parent) never sees half a
-package. Layout and names: ``recserve.runtime.package``.
+"""Write a model package atomically and a table slice at a time.
+
+Files go to a temporary sibling directory, are fsynced and checksummed, and the directory is renamed into
+place, so a reader (or a server watching the parent) never sees half a package. Each device's file is laid
+out up front from the placement (one ``"<table>[a:b].rows"`` tensor of kernel rows per shard) and filled as
+the exporter quantizes each table's rows, so no more than one slice of quantized rows is ever in memory.
+Layout and names: ``recserve.runtime.package``.
 """
 
 from __future__ import annotations
@@ -11,77 +15,106 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from safetensors.torch import save_file
+import torch
 from torch import Tensor
 
 from recserve.errors import ExportError
-from recserve.runtime.layout import QuantizedTable
+from recserve.runtime.layout import TableDType, row_bytes
 from recserve.runtime.package import (
     DENSE_FILE,
     MANIFEST_FILE,
     PackageManifest,
     embeddings_file,
-    scale_bias_key,
-    weights_key,
+    rows_key,
 )
-from recserve.runtime.placement import TableShard
+from recserve.runtime.placement import ServingPlacement
 from rectrain.durable import follow_umask, fsync_path, sha256_file
+from rectrain.safetensors_io import SafetensorsWriter, TensorSpec, save_tensors
 
 
-def _save(tensors: dict[str, Tensor], path: Path) -> dict[str, object]:
-    """Save ``tensors`` as safetensors at ``path``; its manifest entry (sha256, bytes)."""
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-    follow_umask(path)  # safetensors creates its files 0600
+def _entry(path: Path) -> dict[str, object]:
+    """The manifest entry (sha256, bytes) of a written file."""
+    follow_umask(path)
     fsync_path(path)
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
-def _shard_tensors(shards: Mapping[TableShard, QuantizedTable], device: str) -> dict[str, Tensor]:
-    tensors: dict[str, Tensor] = {}
-    for shard, table in shards.items():
-        if shard.device != device:
-            continue
-        # A row range of a larger tensor is cloned: safetensors refuses tensors that share storage.
-        tensors[weights_key(shard)] = table.weights.clone()
-        if table.scale_bias is not None:
-            tensors[scale_bias_key(shard)] = table.scale_bias.clone()
-    return tensors
+class PackageWriter:
+    """A package in its staging directory: ``write_rows`` per table slice, then ``finish`` (or ``abort``).
 
+    Args:
+        out_dir: the package directory to create.
+        placement: which device file holds which rows of each table.
+        tables: ``{table: (embedding_dim, dtype)}``.
+        overwrite: replace a non-empty ``out_dir``.
+    """
 
-def write_package(
-    out_dir: str | Path,
-    manifest: PackageManifest,
-    shards: Mapping[TableShard, QuantizedTable],
-    dense_state: Mapping[str, Tensor],
-    *,
-    overwrite: bool = False,
-) -> Path:
-    """Write ``manifest`` (its ``files`` filled in here), the shards per device and the dense state."""
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(
-            f"{out}: exists and is not empty; choose a new directory or pass overwrite (--overwrite)"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        files = {DENSE_FILE: _save(dict(dense_state), staging / DENSE_FILE)}
-        for index, device in enumerate(manifest.placement.devices):
-            tensors = _shard_tensors(shards, device)
-            if tensors:
-                files[embeddings_file(index)] = _save(tensors, staging / embeddings_file(index))
-        manifest.files = files
-        manifest_path = staging / MANIFEST_FILE
-        manifest_path.write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
-        fsync_path(manifest_path)
-        fsync_path(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-        fsync_path(out.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
+    def __init__(
+        self,
+        out_dir: str | Path,
+        placement: ServingPlacement,
+        tables: Mapping[str, tuple[int, TableDType]],
+        *,
+        overwrite: bool = False,
+    ) -> None:
+        self.out = Path(out_dir)
+        if self.out.exists() and any(self.out.iterdir()) and not overwrite:
+            raise ExportError(
+                f"{self.out}: exists and is not empty; choose a new directory or pass overwrite (--overwrite)"
+            )
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir()
+        self._placement = placement
+        self._files: dict[str, SafetensorsWriter] = {}
+        for index, device in enumerate(placement.devices):
+            specs = [
+                TensorSpec(rows_key(s), torch.uint8, (s.num_rows, row_bytes(*tables[s.table])))
+                for s in placement.shards
+                if s.device == device
+            ]
+            if specs:
+                self._files[device] = SafetensorsWriter(
+                    self.staging / embeddings_file(index), specs, metadata={"format": "pt"}
+                )
+
+    def write_rows(self, table: str, start: int, rows: Tensor) -> None:
+        """Store kernel rows ``start..start + len(rows)`` of ``table`` in the shards that hold them."""
+        end = start + rows.shape[0]
+        for shard in self._placement.shards_of(table):
+            lo, hi = max(start, shard.row_start), min(end, shard.row_end)
+            if lo < hi:
+                self._files[shard.device].write(
+                    rows_key(shard), rows[lo - start : hi - start], lo - shard.row_start
+                )
+
+    def finish(self, manifest: PackageManifest, dense_state: Mapping[str, Tensor]) -> Path:
+        """Close the files, write the dense part and the manifest (with every file's checksum), publish."""
+        try:
+            files = {}
+            for writer in self._files.values():
+                writer.close()
+                files[writer.path.name] = _entry(writer.path)
+            dense_path = self.staging / DENSE_FILE
+            save_tensors(dense_path, {k: v.contiguous() for k, v in dense_state.items()}, {"format": "pt"})
+            files[DENSE_FILE] = _entry(dense_path)
+            manifest.files = dict(sorted(files.items()))
+            manifest_path = self.staging / MANIFEST_FILE
+            manifest_path.write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
+            fsync_path(manifest_path)
+            fsync_path(self.staging)
+            if self.out.exists():
+                shutil.rmtree(self.out)
+            os.replace(self.staging, self.out)
+            fsync_path(self.out.parent)
+        except BaseException:
+            self.abort()
+            raise
+        return self.out
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        for writer in self._files.values():
+            writer.abort()
+        shutil.rmtree(self.staging, ignore_errors=True)

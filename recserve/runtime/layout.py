@@ -2,9 +2,10 @@
 
 A table is two uint8 tensors: ``weights [rows, dim * bits / 8]`` (packed integer codes; for fp16/fp32 the raw
 little-endian bytes of each row) and, for the integer types, ``scale_bias [rows, 4]`` (fp16 scale then fp16
-bias of each row); a row dequantizes as ``scale * code + bias``. This is the row layout of FBGEMM's
-``IntNBitTableBatchedEmbeddingBagsCodegen`` (scale/bias kept apart from the codes, as its
-``assign_embedding_weights`` takes them), so the package bytes are the kernel's bytes.
+bias of each row); a row dequantizes as ``scale * code + bias``. On the CPU, FBGEMM's
+``IntNBitTableBatchedEmbeddingBagsCodegen`` stores each row as ``scale_bias`` then ``weights`` with no
+padding (row alignment 1): the *kernel rows* ``[rows, kernel_row_bytes]`` that a package stores, so that the
+kernel reads the package's own bytes (``QuantizedTable.rows``, a view of the mapped file).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def dim_problem(dim: int, dtype: TableDType) -> str | None:
     return None
 
 
+def kernel_rows(weights: Tensor, scale_bias: Tensor | None) -> Tensor:
+    """``[rows, kernel_row_bytes]``: each row's scale/bias (integer types) followed by its codes."""
+    return weights.contiguous() if scale_bias is None else torch.cat([scale_bias, weights], dim=1)
+
+
 def row_bytes(dim: int, dtype: TableDType) -> int:
     """Bytes of one stored row (codes plus scale/bias), before any kernel alignment padding."""
     return dim * dtype.bits // 8 + (SCALE_BIAS_BYTES if dtype.is_integer else 0)
@@ -83,6 +89,14 @@ class QuantizedTable:
     scale_bias: Tensor | None
     dtype: TableDType
     embedding_dim: int
+    rows_view: Tensor | None = None  # the kernel rows, when weights and scale_bias are views of them
+
+    @classmethod
+    def from_kernel_rows(cls, rows: Tensor, dtype: TableDType, dim: int) -> QuantizedTable:
+        """The table whose kernel rows are ``rows`` (views of it: nothing is copied)."""
+        if not dtype.is_integer:
+            return cls(rows, None, dtype, dim, rows)
+        return cls(rows[:, SCALE_BIAS_BYTES:], rows[:, :SCALE_BIAS_BYTES], dtype, dim, rows)
 
     @property
     def num_embeddings(self) -> int:
@@ -95,7 +109,8 @@ class QuantizedTable:
     def rows(self, start: int, end: int) -> QuantizedTable:
         """Rows ``[start, end)`` as their own table (a row-wise serving shard); views, no copy."""
         scale_bias = None if self.scale_bias is None else self.scale_bias[start:end]
-        return QuantizedTable(self.weights[start:end], scale_bias, self.dtype, self.embedding_dim)
+        rows = None if self.rows_view is None else self.rows_view[start:end]
+        return QuantizedTable(self.weights[start:end], scale_bias, self.dtype, self.embedding_dim, rows)
 
     def check(self, where: str, num_rows: int | None = None) -> None:
         """Raise ValueError naming ``where`` unless the tensors are uint8 with the shapes the dtype implies

@@ -4,18 +4,24 @@
     <package>/dense.safetensors          the dense part's state dict (prediction-module names)
     <package>/embeddings_<i>.safetensors the table shards served by placement device i
 
-Shard ``table[start:end]`` is stored as ``"table[start:end].weights"`` and, for integer dtypes,
-``"table[start:end].scale_bias"`` in the file of its device. Nothing is pickled and no code is stored: the
-runtime rebuilds the model from ``model_config``. This module reads and verifies; ``recserve.export`` writes.
+Shard ``table[start:end]`` is stored as ``"table[start:end].rows"``: FBGEMM's CPU kernel rows (scale/bias then
+codes, see ``layout``), which the runtime maps read-only instead of copying, so every worker and every reload
+of an unchanged file share one copy in the page cache. Format version 1 stored ``"table[start:end].weights"``
+and ``".scale_bias"`` apart; such packages still load (copied into the kernels). Nothing is pickled and no
+code is stored: the runtime rebuilds the model from ``model_config``. This module reads and verifies;
+``recserve.export`` writes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
@@ -24,9 +30,13 @@ from recserve.errors import PackageError
 from recserve.runtime.layout import QuantizedTable, TableDType
 from recserve.runtime.placement import ServingPlacement, TableShard
 from rectrain.durable import sha256_file
+from rectrain.safetensors_io import SafetensorsFile, SafetensorsFormatError
+
+logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "recserve-model-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: weights and scale_bias stored apart (copied at load)
 MANIFEST_FILE = "manifest.json"
 DENSE_FILE = "dense.safetensors"
 
@@ -41,6 +51,10 @@ def weights_key(shard: TableShard) -> str:
 
 def scale_bias_key(shard: TableShard) -> str:
     return f"{shard.label}.scale_bias"
+
+
+def rows_key(shard: TableShard) -> str:
+    return f"{shard.label}.rows"
 
 
 @dataclass(frozen=True)
@@ -112,10 +126,10 @@ class PackageManifest:
                 f"{where}: not a recserve model package manifest (no 'format': {FORMAT_NAME!r})"
             )
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise PackageError(
                 f"{where}: format_version {version!r} is not supported by this recserve (reads "
-                f"{FORMAT_VERSION}); re-export the package with this version"
+                f"{', '.join(map(str, READABLE_VERSIONS))}); re-export the package with this version"
             )
         try:
             tables = [
@@ -142,6 +156,7 @@ class PackageManifest:
                 source=data.get("source"),
                 accuracy=data.get("accuracy"),
                 dense_bounds=data.get("dense_bounds"),
+                format_version=version,
             )
         except KeyError as error:
             raise PackageError(f"{where}: missing key {error.args[0]!r}") from None
@@ -213,27 +228,73 @@ def _take(tensors: dict[str, Tensor], key: str, path: Path) -> Tensor:
     return tensors[key]
 
 
+def map_file(path: Path) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file as a read-only view of the file mapped into memory (``MAP_PRIVATE``:
+    pages come from the page cache and stay shared with every other process mapping the file)."""
+    try:
+        with SafetensorsFile(path) as stored:
+            specs = stored.specs
+        size = path.stat().st_size
+        flat = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8) if size else None
+    except (SafetensorsFormatError, OSError, RuntimeError) as error:
+        raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
+    views = {}
+    for name, spec in specs.items():
+        if spec.dtype is torch.uint8 and flat is not None:
+            views[name] = flat[spec.start : spec.start + spec.nbytes].view(spec.shape)
+    return views
+
+
+def _warn_if_larger_than_memory(package_dir: str | Path, manifest: PackageManifest) -> None:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    tables = sum(entry.nbytes for entry in manifest.tables)
+    if tables > 0.8 * memory:
+        logger.warning(
+            "%s: the tables (%.1f GB) exceed 80%% of this machine's memory (%.1f GB); they are served from "
+            "the page cache, and lookups of rows not in it read the disk (see docs/serving.md)",
+            package_dir,
+            tables / 1e9,
+            memory / 1e9,
+        )
+
+
 def load_shards(package_dir: str | Path, manifest: PackageManifest) -> dict[TableShard, QuantizedTable]:
-    """Every table shard of the package, in serving layout, on CPU."""
+    """Every table shard of the package, in serving layout, on CPU: views of the mapped files (format 2),
+    or copies read from them (format 1)."""
     shards: dict[TableShard, QuantizedTable] = {}
+    mapped = manifest.format_version >= 2
+    if mapped:
+        _warn_if_larger_than_memory(package_dir, manifest)
     for index, device in enumerate(manifest.placement.devices):
         on_device = [s for s in manifest.placement.shards if s.device == device]
         if not on_device:
             continue
         path = Path(package_dir) / embeddings_file(index)
-        tensors = _load(path)
+        tensors = map_file(path) if mapped else _load(path)
         for shard in on_device:
             entry = manifest.table(shard.table)
+            if mapped:
+                rows = _take(tensors, rows_key(shard), path)
+                table = QuantizedTable.from_kernel_rows(rows, entry.dtype, entry.embedding_dim)
+                shards[shard] = _checked(table, path, shard)
+                continue
             scale_bias = _take(tensors, scale_bias_key(shard), path) if entry.dtype.is_integer else None
             table = QuantizedTable(
                 _take(tensors, weights_key(shard), path), scale_bias, entry.dtype, entry.embedding_dim
             )
-            try:
-                table.check(f"{path}: {shard.label}", shard.num_rows)
-            except ValueError as error:
-                raise PackageError(str(error)) from None
-            shards[shard] = table
+            shards[shard] = _checked(table, path, shard)
     return shards
+
+
+def _checked(table: QuantizedTable, path: Path, shard: TableShard) -> QuantizedTable:
+    try:
+        table.check(f"{path}: {shard.label}", shard.num_rows)
+    except ValueError as error:
+        raise PackageError(str(error)) from None
+    return table
 
 
 def load_dense(package_dir: str | Path) -> dict[str, Tensor]:

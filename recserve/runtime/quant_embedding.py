@@ -87,8 +87,9 @@ class _ShardLookup:
             output_dtype=_OUTPUT_TYPES[output_dtype],
             bounds_check_mode=BoundsCheckMode.FATAL if bounds_check else BoundsCheckMode.NONE,
         )
-        self.tbe.initialize_weights()
-        self.tbe.assign_embedding_weights([(q.weights, q.scale_bias) for _, _, q in shards])
+        if not _share_rows(self.tbe, [q for _, _, q in shards], device):
+            self.tbe.initialize_weights()
+            self.tbe.assign_embedding_weights([(q.weights, q.scale_bias) for _, _, q in shards])
         self.partial = any(s.row_start > 0 or s.row_end < c.num_embeddings for s, c, _ in shards)
         self._lo = torch.tensor([slot.row_start for slot in slots], dtype=torch.int64)
         self._hi = torch.tensor([slot.row_end for slot in slots], dtype=torch.int64)
@@ -118,6 +119,31 @@ class _ShardLookup:
         kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
         weights = None if item.per_sample_weights is None else item.per_sample_weights[keep]
         return (ids - lo)[keep], kept_before[item.offsets.long()], weights
+
+
+def _share_rows(
+    tbe: IntNBitTableBatchedEmbeddingBagsCodegen, tables: list[QuantizedTable], device: torch.device
+) -> bool:
+    """Point a CPU kernel at the tables' own kernel rows instead of copying them; whether it could.
+
+    It can when every table's rows are views of one buffer (a package file mapped by ``load_shards``): the
+    kernel reads row ``r`` of table ``t`` at ``weights_offsets[t] + r * row bytes`` of one host buffer, so
+    that buffer is the mapped file and the offsets are where each shard's rows lie in it. On a GPU, or for
+    tables built in memory, the caller copies (``assign_embedding_weights``).
+    """
+    views = [q.rows_view for q in tables]
+    if device.type != "cpu" or any(v is None or not v.is_contiguous() for v in views):
+        return False
+    storage = views[0].untyped_storage()
+    if any(v.untyped_storage().data_ptr() != storage.data_ptr() for v in views):
+        return False
+    flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    tbe.weights_host = flat
+    tbe.host_size = flat.numel()
+    tbe.weights_physical_offsets = [v.data_ptr() - storage.data_ptr() for v in views]
+    tbe.weight_initialized = True
+    tbe.initialize_logical_weights_placements_and_offsets()
+    return True
 
 
 class QuantEmbeddingBagCollection(nn.Module):

@@ -69,6 +69,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument(
         "--workers",
+        type=_workers_flag,
         default="auto",
         help="server processes sharing the port (SO_REUSEPORT); auto (default): one per CPU the server may "
         "use on --device cpu (each pinned to its own, one torch thread each), else 1",
@@ -143,6 +144,16 @@ def _add_serve(subparsers) -> None:
         "through the admin service); explicit: they are served there too, under --admin-token when set",
     )
     p.set_defaults(func=_serve)
+
+
+def _workers_flag(text: str) -> int | str:
+    """``--workers``: a count, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -6,12 +6,12 @@ import os
 import shutil
 from pathlib import Path
 
-from safetensors.torch import save_file
 from torch import Tensor
 
 from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import FileEntry
 from rectrain.durable import follow_umask, fsync_path, sha256_file
+from rectrain.safetensors_io import save_tensors
 
 
 def sha256_of(path: Path) -> FileEntry:
@@ -20,10 +20,10 @@ def sha256_of(path: Path) -> FileEntry:
 
 
 def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> FileEntry:
-    """Write ``tensors`` (contiguous, on cpu) to ``path``, fsync it, return its checksum and size."""
-    save_file(tensors, str(path))
-    follow_umask(path)  # safetensors creates its files 0600
-    fsync_path(path)
+    """Write ``tensors`` (any device or layout: written from their own memory, a bounded chunk staged at most)
+    to ``path``, fsync it, return its checksum and size."""
+    save_tensors(path, tensors)
+    follow_umask(path)
     return sha256_of(path)
 
 

@@ -56,6 +56,14 @@ def _table_entry(manifest: Manifest, key: str, table: model_state.LocalTable) ->
     return entry
 
 
+def _read_into(reader: CheckpointReader, entry: Any, shard: Shard, target: Tensor, what: str) -> None:
+    """The saved slice of ``entry`` covering ``shard``, streamed into ``target`` (its shape checked)."""
+    try:
+        reader.read_into(entry, shard, target, what)
+    except RuntimeError as error:  # copy_ of a per-row or scalar state into a target of another shape
+        raise CheckpointMismatchError(f"{what}: {error}") from None
+
+
 def _copy_into(target: Tensor, value: Tensor, what: str) -> None:
     if value.shape != target.shape:
         raise CheckpointMismatchError(
@@ -71,7 +79,7 @@ def _load_tables(reader: CheckpointReader, model: nn.Module, with_optimizer: boo
         entry = _table_entry(manifest, key, table)
         for piece in table.pieces:
             where = f"table {table.name!r} rows {piece.shard.row_offset}+{piece.shard.num_rows}"
-            _copy_into(piece.weight, reader.read(entry.weight, piece.shard, f"{key} weight"), where)
+            _read_into(reader, entry.weight, piece.shard, piece.weight, where)
             if not with_optimizer:
                 continue
             missing = sorted(set(piece.states) - set(entry.optimizer_state))
@@ -83,10 +91,8 @@ def _load_tables(reader: CheckpointReader, model: nn.Module, with_optimizer: boo
                     "(was it saved with another embedding optimizer?)"
                 )
             for name, state in piece.states.items():
-                value = reader.read(
-                    entry.optimizer_state[name], piece.shard, f"{key} optimizer state {name!r}"
-                )
-                _copy_into(state, value, f"{where}, optimizer state {name!r}")
+                what = f"{where}, optimizer state {name!r}"
+                _read_into(reader, entry.optimizer_state[name], piece.shard, state, what)
 
 
 @torch.no_grad()

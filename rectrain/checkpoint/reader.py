@@ -1,7 +1,9 @@
 """Read any rectangle of a saved table out of whatever shards it was saved as (re-sharding on load).
 
-``CheckpointReader.read(entry, shard)`` assembles the requested rows/columns from the overlapping saved
-shards, reading only those slices (``safe_open(...).get_slice``). Optimizer state follows its kind:
+``CheckpointReader.read_into(entry, shard, out)`` assembles the requested rows/columns from the overlapping
+saved shards straight into ``out`` (the model's own storage), reading only those slices, a bounded chunk at a
+time and without mapping the files (``rectrain.safetensors_io``): a rank never holds more of a checkpoint
+than its own shards. Optimizer state follows its kind:
 
 - per element (``[rows, cols]``): cut exactly like the weight;
 - per row (``[rows]``, row-wise Adagrad): a saved column shard keeps one accumulator per row for its own
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from rectrain.checkpoint.errors import CheckpointError
@@ -34,6 +35,7 @@ from rectrain.checkpoint.manifest import (
 )
 from rectrain.checkpoint.verify import check_layout
 from rectrain.planner.types import Shard
+from rectrain.safetensors_io import SafetensorsFile, SafetensorsFormatError
 
 
 def _overlap(a0: int, a1: int, b0: int, b1: int) -> tuple[int, int]:
@@ -85,24 +87,22 @@ class CheckpointReader:
                 )
             check_file(path, expected, self._verify)
             try:
-                self._handles[file] = self._stack.enter_context(safe_open(str(path), framework="pt"))
-            except Exception as e:  # safetensors raises its own error types for a damaged header
+                self._handles[file] = self._stack.enter_context(SafetensorsFile(path))
+            except (OSError, SafetensorsFormatError) as e:
                 raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
         return self._handles[file]
 
-    def _slice(self, file: str, tensor: str) -> Any:
+    def _slice(self, file: str, tensor: str) -> SafetensorsFile:
+        """The open file holding ``tensor``, after checking it has it."""
         handle = self._handle(file)
-        try:
-            return handle.get_slice(tensor)
-        except Exception:
-            raise CheckpointError(
-                f"{self.step_dir / file}: has no tensor {tensor!r} (the manifest lists it)"
-            ) from None
+        if tensor not in handle.specs:
+            raise CheckpointError(f"{self.step_dir / file}: has no tensor {tensor!r} (the manifest lists it)")
+        return handle
 
-    def _shard_slice(self, saved: ShardEntry) -> Any:
-        """A saved shard's slice handle, after checking the stored shape is the one the manifest records."""
+    def _shard_slice(self, saved: ShardEntry) -> SafetensorsFile:
+        """A saved shard's file, after checking the stored shape is the one the manifest records."""
         handle = self._slice(saved.file, saved.tensor)
-        stored = list(handle.get_shape())
+        stored = list(handle.specs[saved.tensor].shape)
         if stored != list(saved.shape):
             raise CheckpointError(
                 f"{self.step_dir / saved.file}: {saved.tensor!r} has shape {stored}, "
@@ -112,8 +112,7 @@ class CheckpointReader:
 
     def tensor(self, file: str, tensor: str) -> Tensor:
         """One whole stored tensor."""
-        self._slice(file, tensor)  # names the file if the tensor is missing
-        return self._handle(file).get_tensor(tensor)
+        return self._slice(file, tensor).read(tensor)
 
     def dense(self, tensor: str) -> Tensor:
         return self.tensor(DENSE_FILE, tensor)
@@ -122,7 +121,9 @@ class CheckpointReader:
         """The saved ``entry`` cut to ``target``'s rectangle (shaped by its kind); ``what`` names it."""
         dtype = torch_dtype(entry.dtype, what)
         if entry.kind == PER_ELEMENT:
-            return self._read_elements(entry, target, dtype, what)
+            out = torch.empty(target.num_rows, target.num_cols, dtype=dtype)
+            self._read_elements(entry, target, out, what)
+            return out
         if entry.kind == PER_ROW:
             return self._read_rows(entry, target, dtype, what)
         if not entry.shards:
@@ -143,17 +144,28 @@ class CheckpointReader:
                 found.append((saved, r0, r1, c0, c1))
         return found
 
-    def _read_elements(self, entry: StateEntry, target: Shard, dtype: torch.dtype, what: str) -> Tensor:
-        out = torch.empty(target.num_rows, target.num_cols, dtype=dtype)
+    def read_into(self, entry: StateEntry, target: Shard, out: Tensor, what: str) -> None:
+        """Like :meth:`read`, but into ``out`` (the model's storage; any device) without a whole copy for
+        per-element state (weights, moments): each overlapping saved slice goes in by bounded chunks."""
+        if entry.kind != PER_ELEMENT:
+            out.copy_(self.read(entry, target, what))
+            return
+        torch_dtype(entry.dtype, what)
+        if tuple(out.shape) != (target.num_rows, target.num_cols):
+            raise CheckpointError(
+                f"{what}: checkpoint shape {[target.num_rows, target.num_cols]}, model {list(out.shape)}"
+            )
+        self._read_elements(entry, target, out, what)
+
+    def _read_elements(self, entry: StateEntry, target: Shard, out: Tensor, what: str) -> None:
         covered = 0
         for saved, r0, r1, c0, c1 in self._overlapping(entry, target):
-            piece = self._shard_slice(saved)[
-                r0 - saved.row_offset : r1 - saved.row_offset, c0 - saved.col_offset : c1 - saved.col_offset
-            ]
-            out[
-                r0 - target.row_offset : r1 - target.row_offset,
-                c0 - target.col_offset : c1 - target.col_offset,
-            ] = piece
+            rows = out[r0 - target.row_offset : r1 - target.row_offset]
+            into = rows[:, c0 - target.col_offset : c1 - target.col_offset]
+            cols = (c0 - saved.col_offset, c1 - saved.col_offset)
+            self._shard_slice(saved).read_into(
+                saved.tensor, into, (r0 - saved.row_offset, r1 - saved.row_offset), cols
+            )
             covered += (r1 - r0) * (c1 - c0)
         if covered != target.num_rows * target.num_cols:
             raise CheckpointError(
@@ -162,13 +174,12 @@ class CheckpointReader:
                 f"rows {target.row_offset}+{target.num_rows}, cols {target.col_offset}+{target.num_cols}; "
                 f"a shard is missing (files: {sorted({s.file for s in entry.shards})})"
             )
-        return out
 
     def _read_rows(self, entry: StateEntry, target: Shard, dtype: torch.dtype, what: str) -> Tensor:
         total = torch.zeros(target.num_rows, dtype=torch.float64)
         width = torch.zeros(target.num_rows, dtype=torch.float64)
         for saved, r0, r1, c0, c1 in self._overlapping(entry, target):
-            piece = self._shard_slice(saved)[r0 - saved.row_offset : r1 - saved.row_offset]
+            piece = self._shard_slice(saved).read_rows(saved.tensor, r0 - saved.row_offset, r1 - r0)
             rows = slice(r0 - target.row_offset, r1 - target.row_offset)
             # float64 sums of float32 values times small ints are exact: one contributor round-trips bitwise
             total[rows] += piece.to(torch.float64) * (c1 - c0)

@@ -65,8 +65,10 @@ class _Snapshot:
 
 
 def _copy(tensor: Tensor, copy: bool) -> Tensor:
+    """A host copy for an asynchronous save; else the tensor itself (the writer streams it from its own
+    memory, staging a bounded chunk when it is not contiguous on the CPU: no second copy of a shard)."""
     tensor = tensor.detach()
-    return tensor.to("cpu", copy=True) if copy else tensor.cpu().contiguous()
+    return tensor.to("cpu", copy=True) if copy else tensor
 
 
 def _shard_dict(file: str, name: str, piece: model_state.TablePiece, tensor: Tensor, rank: int) -> dict:

@@ -3,12 +3,16 @@
 The order of work (each a plain step below):
 1. find every ``EmbeddingBagCollection`` / ``EmbeddingCollection`` in the model;
 2. take each collection's fused optimizer as TorchRec takes it (``fused_params``), or refuse;
-3. plan (rank 0 plans, every rank receives the same plan) unless a plan is given;
+3. plan (rank 0 plans, every rank receives the same plan) unless a plan is given, and refuse a plan whose
+   estimated memory does not fit some rank (``rectrain.planner.memory``) before anything is allocated;
 4. agree on the CPU embedding backward that ``cpu_backward="auto"`` runs (rank 0's choice, on every rank);
-5. replace each collection by its sharded form on this rank (weights copied from the collection);
-6. move the rest to the device and wrap it in DDP, telling DDP to leave the fused tables alone (they are
-   never replicated; their updates happen inside backward). Trainable data-parallel tables (a collection
-   built TorchRec's way) are DDP's like any dense parameter.
+5. replace each collection by its sharded form on this rank: only this rank's shards are allocated, with
+   the collection's weights, or (a collection built on the meta device, fused or TorchRec's way) the initial
+   values it would have had;
+6. allocate and initialise any other module still on the meta device, move the rest to the device and wrap
+   it in DDP, telling DDP to leave the fused tables alone (they are never replicated; their updates happen
+   inside backward). Trainable data-parallel tables (a collection built TorchRec's way) are DDP's like any
+   dense parameter.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choi
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ShardingPlan, Topology
+from rectrain.planner.memory import check_fits, rank_memory
+from rectrain.planner.planner import BATCH_SIZE
+from rectrain.planner.types import ShardingType
 from rectrain.zch.module import ManagedCollisionModule
 
 logger = logging.getLogger(__name__)
@@ -133,6 +140,61 @@ def refuse_managed_collision(module: nn.Module) -> None:
             )
 
 
+def check_memory(
+    plan: ShardingPlan,
+    collections: dict[str, nn.Module],
+    module: nn.Module,
+    topology: Topology,
+    batch_size: int | None,
+    optimizers: dict[str, FusedOptimizerConfig],
+) -> None:
+    """Refuse, before anything is allocated, a plan whose estimated resident memory on some rank exceeds the
+    memory that rank may use (``rectrain.planner.memory``; CPU ranks, where the estimate is calibrated)."""
+    if topology.compute_device != "cpu":
+        return
+    embedding = {id(p) for c in collections.values() for p in c.parameters()}
+    dense = sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in embedding)
+    dense += _trainable_replica_bytes(plan, collections) // 2
+    # The optimizer each collection's sharded tables train with (``collection_optimizers``); as the planner
+    # does, the largest state per row is the safe estimate.
+    optimizer = max(optimizers.values(), key=lambda config: config.state_floats_per_row(128))
+    tables = {path: _tables_of(c) for path, c in collections.items()}
+    memory = rank_memory(plan, tables, optimizer, batch_size or BATCH_SIZE, dense)
+    capacity = [topology.capacity(r) for r in range(topology.world_size)]
+    check_fits(memory, capacity, "the sharding plan does not fit this machine")
+
+
+def _trainable_replica_bytes(plan: ShardingPlan, collections: dict[str, nn.Module]) -> int:
+    """Bytes of the data-parallel tables that stay trainable parameters (collections built TorchRec's way).
+
+    ``rank_memory`` counts a replica's weights and an optimizer state; such a table also holds a dense
+    gradient and a DDP bucket, which half its bytes counted as dense part (x 4) add."""
+    total = 0
+    for path, collection in collections.items():
+        if collection.fused_optimizer_config is not None:
+            continue
+        module_plan = plan.get_plan_for_module(path) or {}
+        for table in _tables_of(collection):
+            sharding = module_plan.get(table.name)
+            if sharding is not None and sharding.sharding_type is ShardingType.DATA_PARALLEL:
+                total += int(table.num_embeddings * table.embedding_dim * table.data_type.bits / 8)
+    return total
+
+
+def _materialise_meta(module: nn.Module, sharded_paths: list[str], device: torch.device) -> None:
+    """Allocate on ``device`` and re-initialise (``reset_parameters``) every module outside the sharded
+    collections that still holds meta tensors, as TorchRec's DMP does for a model built on the meta device."""
+    inside = tuple(f"{p}." for p in sharded_paths)
+    for path, child in module.named_modules():
+        if path in sharded_paths or path.startswith(inside):
+            continue
+        own = [*child.parameters(recurse=False), *child.buffers(recurse=False)]
+        if any(t.is_meta for t in own):
+            child.to_empty(device=device, recurse=False)
+            if hasattr(child, "reset_parameters"):
+                child.reset_parameters()
+
+
 def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
     if not path:
         return new
@@ -145,13 +207,17 @@ class DistributedModelParallel(nn.Module):
     """A model whose embedding collections are sharded across the ranks of ``env`` (``torchrec``'s DMP).
 
     Args:
-        module: the unsharded model, built identically on every rank (its tables' weights get sharded).
+        module: the unsharded model, built identically on every rank. Build it (or its collections) on the
+            meta device so that no process ever holds a whole table: each rank then allocates and
+            initialises its own shards only, with the values the unsharded model would have had.
         env: this rank's place in the process group; default: the initialised default group.
         device: where this rank's shards and dense part live; default ``cuda:<local rank>`` if CUDA, else cpu.
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
         sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices,
             and their ``fused_params`` choose the fused optimizer (see ``fused_params``).
         batch_size: the per-rank batch size the planner assumes when planning.
+        topology: the memory each rank may use (default: this host's memory over its local ranks); a plan
+            whose estimated resident memory exceeds it on some rank is refused before anything is allocated.
 
     ``dmp(...)`` calls the model; ``dmp.module`` is the sharded model without the DDP wrapper;
     ``dmp.cpu_backward`` says, per collection path, which kernel its tables train with and why (on CPU,
@@ -169,6 +235,8 @@ class DistributedModelParallel(nn.Module):
         plan: ShardingPlan | None = None,
         sharders: list | None = None,
         batch_size: int | None = None,
+        *,
+        topology: Topology | None = None,
     ) -> None:
         super().__init__()
         if env is None:
@@ -187,6 +255,13 @@ class DistributedModelParallel(nn.Module):
             plan = plan_collections(collections, env, self.device, batch_size, sharders, optimizers)
         self.plan = plan
         self._sharded_paths = list(collections)
+        if plan is not None and collections:
+            topology = topology or Topology(
+                world_size=env.world_size,
+                compute_device=self.device.type,
+                local_world_size=env.local_world_size,
+            )
+            check_memory(plan, collections, module, topology, batch_size, optimizers)
         auto = agree_on_auto(env, self.device) if collections else None
         self.cpu_backward = {
             path: cpu_backward_choice(optimizers[path], self.device, auto) for path in collections
@@ -194,6 +269,7 @@ class DistributedModelParallel(nn.Module):
         for path, collection in collections.items():
             sharded = _shard(collection, path, plan, env, self.device, optimizers[path], auto)
             module = _replace(module, path, sharded)
+        _materialise_meta(module, self._sharded_paths, self.device)
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)
         logger.info(

@@ -17,6 +17,7 @@ from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.sharded_optimizer import ShardedFusedOptimizer
 from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
 from rectrain.distributed.torch_state import ShardedModule, table_dtype
+from rectrain.embedding import init
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.errors import ConfigError
@@ -63,20 +64,31 @@ def local_weight(
 
 
 @torch.no_grad()
-def copy_weights(
+def materialise(
     tables: Sequence[BaseEmbeddingConfig],
     shardings: Mapping[str, ParameterSharding],
     rank: int,
-    full_weight: Callable[[str], Tensor],
+    source: nn.ModuleDict,
+    seed: int,
     local: Callable[[str, str | None], Tensor],
 ) -> None:
-    """Copy each of this rank's shards (``local(table, shard_name)``) out of ``full_weight(table)``."""
+    """Give each of this rank's shards and data-parallel tables (``local(table, shard_name)``) its values.
+
+    From the unsharded collection's tables (``source``: its ``FusedTables``, or its ``nn.EmbeddingBag`` /
+    ``nn.Embedding`` modules when it was built without ``fused_optimizer=``) when they exist; when the
+    collection was built on the meta device, drawn from its ``seed`` (``rectrain.embedding.init``): the values
+    the unsharded collection would hold, fused or not, computed for this rank's rows and columns only.
+    """
     for table in tables:
-        full = full_weight(table.name)
+        full = source[table.name].weight
         for shard_name, shard in shard_tables_of(table, shardings[table.name], rank):
+            target = local(table.name, shard_name)
+            if full.is_meta:
+                init.fill_rows(target, table, seed, shard.row_offset, shard.col_offset)
+                continue
             rows = slice(shard.row_offset, shard.row_offset + shard.num_rows)
             cols = slice(shard.col_offset, shard.col_offset + shard.num_cols)
-            local(table.name, shard_name).copy_(full[rows, cols])
+            target.copy_(full[rows, cols])
 
 
 def sharded_state(

@@ -64,10 +64,11 @@ def sequence_lookup(tables: FusedTables | None, shard_input: ShardInput) -> list
 
 
 class ShardedEmbeddingCollection(nn.Module):
-    """The sharded form of ``ec`` on this rank; weights are copied from ``ec``'s tables.
+    """The sharded form of ``ec`` on this rank: only this rank's shards are allocated.
 
     Args:
-        ec: the unsharded collection (its tables, weights, ``need_indices`` and fused optimizer are taken).
+        ec: the unsharded collection (its tables, weights, ``need_indices`` and fused optimizer are taken);
+            on the meta device, the shards get the initial values ``ec`` would have had.
         shardings: table name -> how it is sharded (every table of ``ec`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
@@ -112,8 +113,8 @@ class ShardedEmbeddingCollection(nn.Module):
         self.data_parallel = (
             SequenceDataParallel(dp_tables, names_by_table, optimizer, env, device) if dp_tables else None
         )
-        shard_weights.copy_weights(
-            tables, self._shardings, env.rank, lambda name: ec.embeddings[name].weight, self._local_weight
+        shard_weights.materialise(
+            tables, self._shardings, env.rank, ec.embeddings, ec.init_seed, self._local_weight
         )
 
         self._selector = FeatureSelector(self.routing.features)

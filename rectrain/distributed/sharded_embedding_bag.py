@@ -46,10 +46,11 @@ from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
-    """The sharded form of ``ebc`` on this rank; weights are copied from ``ebc``'s tables.
+    """The sharded form of ``ebc`` on this rank: only this rank's shards are allocated.
 
     Args:
-        ebc: the unsharded collection (its tables, weights and fused optimizer settings are taken over).
+        ebc: the unsharded collection (its tables, weights and fused optimizer settings are taken over); on
+            the meta device, the shards get the initial values ``ebc`` would have had.
         shardings: table name -> how it is sharded (every table of ``ebc`` must be present).
         env: this rank's place in the process group.
         device: where this rank's shards live and run.
@@ -104,12 +105,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if dp_tables
             else None
         )
-        shard_weights.copy_weights(
-            tables,
-            self._shardings,
-            env.rank,
-            lambda name: ebc.embedding_bags[name].weight,
-            self._local_weight,
+        shard_weights.materialise(
+            tables, self._shardings, env.rank, ebc.embedding_bags, ebc.init_seed, self._local_weight
         )
 
         self._selector = FeatureSelector(self.routing.features)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, unique
+from typing import Any
 
 from rectrain.errors import ConfigError
 
@@ -41,6 +43,9 @@ class BaseEmbeddingConfig:
     feature_names: list[str] = field(default_factory=list)
     weight_init_max: float | None = None
     weight_init_min: float | None = None
+    # TorchRec's field: called on blocks of the table's rows (``rectrain.embedding.init``) instead of the
+    # uniform draw between weight_init_min and weight_init_max.
+    init_fn: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}" if self.name else "embedding config"

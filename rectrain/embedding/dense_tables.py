@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from rectrain.embedding import init
 from rectrain.embedding.config import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, PoolingType
 from rectrain.embedding.feature_routing import KJTLike
 from rectrain.errors import ConfigError
@@ -33,7 +34,7 @@ def _dtype(table: BaseEmbeddingConfig) -> torch.dtype:
 
 
 def _empty(table: BaseEmbeddingConfig, device: torch.device) -> Tensor:
-    # Passing the storage skips nn.Embedding's own normal_() draw: reset_dense() draws every table once.
+    # Passing the storage skips nn.Embedding's own normal_() draw: reset_dense() gives every table its values.
     return torch.empty(table.num_embeddings, table.embedding_dim, dtype=_dtype(table), device=device)
 
 
@@ -70,19 +71,28 @@ def dense_embeddings(tables: Sequence[BaseEmbeddingConfig], device: torch.device
 
 
 @torch.no_grad()
-def reset_dense(tables: Sequence[BaseEmbeddingConfig], modules: nn.ModuleDict) -> None:
-    """Draw every table uniformly in [weight_init_min, weight_init_max], tables in config order.
+def reset_dense(tables: Sequence[BaseEmbeddingConfig], modules: nn.ModuleDict, seed: int) -> None:
+    """Give every table its initial values from ``seed`` (``rectrain.embedding.init``: a function of the seed,
+    the table and the global row; each table's ``init_fn``, else uniform in [weight_init_min,
+    weight_init_max]).
 
-    Drawn on the CPU from torch's default generator, as the fused tables are, so one seed gives the same
-    weights whether a collection is fused or not.
+    The fused tables draw theirs the same way, so one seed gives the same weights whether a collection is
+    fused or not, sharded or not. Tables on the meta device are left as they are (nothing allocated).
     """
     for table in tables:
         weight = modules[table.name].weight
-        if weight.is_meta:
-            continue
-        values = torch.empty(weight.shape, dtype=torch.float32)
-        values.uniform_(table.get_weight_init_min(), table.get_weight_init_max())
-        weight.copy_(values)
+        if not weight.is_meta:
+            init.fill_rows(weight, table, seed)
+
+
+def is_meta(modules: nn.ModuleDict) -> bool:
+    """Whether the tables are only described (meta device)."""
+    return any(p.is_meta for p in modules.parameters())
+
+
+def device_of(modules: nn.ModuleDict, default: torch.device) -> torch.device:
+    """Where the tables live (``default`` for a collection without tables)."""
+    return next((p.device for p in modules.parameters()), default)
 
 
 def _feature(

@@ -6,24 +6,23 @@ through one FBGEMM TBE call with the optimizer fused into its backward, so no em
 materialised.
 """
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from rectrain.embedding import dense_tables, pt2_lookup
+from rectrain.embedding import dense_tables, init, pt2_lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.embedding.lookup_call import PooledLookupCall
 from rectrain.embedding.pooling import divide_by_bag_lengths
 from rectrain.embedding.table_batch import pooling_mode
 from rectrain.errors import ConfigError
 from rectrain.optim.fused import FusedEmbeddingOptimizer
-from rectrain.sparse import KeyedTensor
+from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +55,21 @@ class EmbeddingBagCollection(nn.Module):
     Args:
         tables: the tables; names must be unique.
         is_weighted: pool ``sum(weight * row)`` using ``kjt.weights()`` as per-id weights.
-        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        device: where the tables live and the kernels run (cpu or cuda), or ``meta`` to describe the tables
+            without allocating them (for ``DistributedModelParallel`` to build only this rank's shards);
+            default: torch's current default device (cpu, or the device of a ``with torch.device(...)``).
         fused_optimizer: the optimizer applied inside backward (FBGEMM kernels). Without it, as in TorchRec,
             ``embedding_bags.<table>`` is an ``nn.EmbeddingBag`` whose weight the model's optimizer updates
             (and ``DistributedModelParallel`` takes the optimizer TorchRec's way).
 
     State dict keys are ``embedding_bags.<table>.weight`` (fused: views of the kernel storage; loading copies
-    into it). Unlike TorchRec, a fused collection cannot be moved with ``.to()``: build it on the device it
-    should live on.
+    into it). ``.to()`` / ``.to_empty()`` move either kind (a fused collection rebuilds its kernels on the new
+    device). Initial values are a function of ``init_seed`` (drawn from torch's default generator when the
+    collection is built), the table and the row (``rectrain.embedding.init``), fused or not: sharding never
+    changes them.
     """
+
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
 
     def __init__(
         self,
@@ -83,7 +88,8 @@ class EmbeddingBagCollection(nn.Module):
                 )
         self._embedding_bag_configs = list(tables)
         self._is_weighted = is_weighted
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = torch.device(device) if device is not None else torch.empty(0).device
+        self.init_seed = init.draw_seed()
         self.fused_optimizer_config = fused_optimizer
         if fused_optimizer is None:
             self._init_dense()
@@ -99,13 +105,16 @@ class EmbeddingBagCollection(nn.Module):
             self._device,
             prefix="embedding_bags",
         )
-        self._router = FeatureRouter([batch.feature_names for batch in self.embedding_bags.batches])
-        self._mean_spans = [self._divided_mean_spans(batch.tables) for batch in self.embedding_bags.batches]
+        kernels = self.embedding_bags.group_tables
+        self._router = FeatureRouter([[f for t in ts for f in t.feature_names] for ts in kernels])
+        self._mean_spans = [self._divided_mean_spans(tables) for tables in kernels]
         names = get_embedding_names_by_table(self._embedding_bag_configs)
         self._embedding_names = [name for table_names in names for name in table_names]
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
         columns = _output_columns(self._embedding_bag_configs, groups)
-        self._columns = None if columns is None else columns.to(self._device)
+        # A buffer, so that it moves with the tables (not saved: it follows from the configs).
+        self.register_buffer("_columns", None if columns is None else columns.to(self._device), False)
+        self._lookup = PooledLookupCall(self._pooled)
         self.reset_parameters()
         logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
@@ -114,6 +123,7 @@ class EmbeddingBagCollection(nn.Module):
         self.embedding_bags = dense_tables.dense_bags(tables, self._is_weighted, self._device)
         self._embedding_names = [n for names in get_embedding_names_by_table(tables) for n in names]
         self._lengths_per_embedding = [t.embedding_dim for t in tables for _ in t.feature_names]
+        self._lookup = PooledLookupCall(self._pooled)
         self.reset_parameters()
 
     def _kernel_pooling(self, table: EmbeddingBagConfig) -> PoolingType:
@@ -134,7 +144,9 @@ class EmbeddingBagCollection(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        if self.fused_optimizer_config is None:
+            return dense_tables.device_of(self.embedding_bags, self._device)
+        return self.embedding_bags.device
 
     @property
     def fused_optimizer(self) -> FusedEmbeddingOptimizer | None:
@@ -151,19 +163,33 @@ class EmbeddingBagCollection(nn.Module):
         return self._is_weighted
 
     def reset_parameters(self) -> None:
-        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
+        """Give every table its initial values again (from ``init_seed``: the same values as at construction;
+        each table's ``init_fn``, else uniform in [weight_init_min, weight_init_max])."""
         if self.fused_optimizer_config is None:
-            dense_tables.reset_dense(self._embedding_bag_configs, self.embedding_bags)
+            dense_tables.reset_dense(self._embedding_bag_configs, self.embedding_bags, self.init_seed)
         else:
-            self.embedding_bags.reset_parameters()
+            self.embedding_bags.reset_parameters(self.init_seed)
 
-    def forward(self, features: KJTLike) -> KeyedTensor:
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """Pooled embeddings ``[batch, sum of dims]`` of ``features``, keyed by embedding name.
 
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
-        it in plain PyTorch ops (``pt2_lookup``).
+        it in plain PyTorch ops (``pt2_lookup``); TorchScript calls it back in Python (``lookup_call``).
         """
+        values = self._lookup(features)
+        return KeyedTensor(
+            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
+        )
+
+    def _is_meta(self) -> bool:
         if self.fused_optimizer_config is None:
+            return dense_tables.is_meta(self.embedding_bags)
+        return self.embedding_bags.is_meta
+
+    def _pooled(self, features: KJTLike) -> Tensor:
+        if self._is_meta():
+            values = torch.empty(features.stride(), sum(self._lengths_per_embedding), device="meta")
+        elif self.fused_optimizer_config is None:
             values = dense_tables.dense_pooled(
                 self.embedding_bags, self._embedding_bag_configs, features, self._is_weighted
             )
@@ -180,9 +206,7 @@ class EmbeddingBagCollection(nn.Module):
                 self._mean_spans,
                 self._columns,
             )
-        return KeyedTensor(
-            keys=self._embedding_names, length_per_key=self._lengths_per_embedding, values=values, key_dim=1
-        )
+        return values
 
 
 @torch.fx.wrap

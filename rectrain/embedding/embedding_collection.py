@@ -6,22 +6,21 @@ dim for all tables of a TBE, so tables are grouped by dim (and data type); each 
 optimizer fused into backward.
 """
 
-from __future__ import annotations
-
 import logging
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import nn
 
-from rectrain.embedding import dense_tables, pt2_lookup
+from rectrain.embedding import dense_tables, init, pt2_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import check_table_names, get_embedding_names_by_table, group_tables
+from rectrain.embedding.lookup_call import SequenceLookupCall
 from rectrain.errors import ConfigError
 from rectrain.optim.fused import FusedEmbeddingOptimizer
-from rectrain.sparse import JaggedTensor
+from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +35,16 @@ class EmbeddingCollection(nn.Module):
 
     Args:
         tables: the tables; names must be unique.
-        device: where the tables live and the kernels run (cpu or cuda); default cpu.
+        device: where the tables live and the kernels run (cpu or cuda), or ``meta`` (nothing allocated);
+            default: torch's current default device.
         need_indices: also return each id alongside its embedding.
         fused_optimizer: the optimizer applied inside backward (FBGEMM kernels). Without it, as in TorchRec,
             ``embeddings.<table>`` is an ``nn.Embedding`` whose weight the model's optimizer updates.
 
     State dict keys are ``embeddings.<table>.weight``.
     """
+
+    __jit_unused_properties__ = ["device", "fused_optimizer"]  # Python objects: not for TorchScript
 
     def __init__(
         self,
@@ -62,7 +64,8 @@ class EmbeddingCollection(nn.Module):
                 )
         self._embedding_configs = list(tables)
         self._need_indices = need_indices
-        self._device = torch.device(device if device is not None else "cpu")
+        self._device = torch.device(device) if device is not None else torch.empty(0).device
+        self.init_seed = init.draw_seed()
         if fused_optimizer is None:
             self._init_dense()
             return
@@ -75,26 +78,31 @@ class EmbeddingCollection(nn.Module):
             self._device,
             prefix="embeddings",
         )
-        self._router = FeatureRouter([batch.feature_names for batch in self.embeddings.batches])
+        kernels = self.embeddings.group_tables
+        self._router = FeatureRouter([[f for t in ts for f in t.feature_names] for ts in kernels])
         names = get_embedding_names_by_table(self._embedding_configs)
         by_table = {table.name: table_names for table, table_names in zip(tables, names)}
         # Output name of each TBE feature, in TBE order.
         self._group_names = [
-            [name for table in batch.tables for name in by_table[table.name]]
-            for batch in self.embeddings.batches
+            [name for table in tables for name in by_table[table.name]]
+            for tables in self.embeddings.group_tables
         ]
         self._embedding_names = [name for table_names in names for name in table_names]
+        self._lookup = SequenceLookupCall(self._sequences)
         self.reset_parameters()
         logger.debug("EmbeddingCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
     def _init_dense(self) -> None:
         self.embeddings = dense_tables.dense_embeddings(self._embedding_configs, self._device)
         self._embedding_names = [n for names in self.embedding_names_by_table() for n in names]
+        self._lookup = SequenceLookupCall(self._sequences)
         self.reset_parameters()
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        if self.fused_optimizer_config is None:
+            return dense_tables.device_of(self.embeddings, self._device)
+        return self.embeddings.device
 
     @property
     def fused_optimizer(self) -> FusedEmbeddingOptimizer | None:
@@ -114,18 +122,21 @@ class EmbeddingCollection(nn.Module):
         return get_embedding_names_by_table(self._embedding_configs)
 
     def reset_parameters(self) -> None:
-        """Re-draw every table uniformly in [weight_init_min, weight_init_max] from torch's default RNG."""
+        """Give every table its initial values again (from ``init_seed``, as at construction)."""
         if self.fused_optimizer_config is None:
-            dense_tables.reset_dense(self._embedding_configs, self.embeddings)
+            dense_tables.reset_dense(self._embedding_configs, self.embeddings, self.init_seed)
         else:
-            self.embeddings.reset_parameters()
+            self.embeddings.reset_parameters(self.init_seed)
 
-    def forward(self, features: KJTLike) -> dict[str, JaggedTensor]:
+    def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """``{embedding name: JaggedTensor}`` in table order, values ``[num ids, dim]``.
 
         ``torch.fx`` records the FBGEMM lookup as one call; PT2 tracers (``torch.compile``/``export``) see
-        it in plain PyTorch ops (``pt2_lookup``).
+        it in plain PyTorch ops (``pt2_lookup``); TorchScript calls it back in Python (``lookup_call``).
         """
+        return self._lookup(features)
+
+    def _sequences(self, features: KJTLike) -> dict[str, JaggedTensor]:
         if self.fused_optimizer_config is None:
             return dense_tables.dense_sequence(
                 self.embeddings,

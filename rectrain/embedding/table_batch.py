@@ -69,13 +69,11 @@ def _placement(device: torch.device) -> tuple[EmbeddingLocation, ComputeDevice]:
     raise ConfigError(f"device must be cpu or cuda, got {device}")
 
 
-def _check_dim(table: BaseEmbeddingConfig) -> None:
-    # FBGEMM's batched kernels vectorise rows 4 floats at a time and assert on anything else.
-    if table.embedding_dim % 4:
-        raise ConfigError(
-            f"table {table.name!r}: embedding_dim must be a multiple of 4 for FBGEMM's batched kernels, "
-            f"got {table.embedding_dim}"
-        )
+def kernel_dim(dim: int) -> int:
+    """The row width a table of ``dim`` columns gets inside the kernel: FBGEMM's batched kernels vectorise
+    rows 4 floats at a time and assert on anything else, so narrower remainders are padded with zero columns
+    that no output or state view shows."""
+    return -(-dim // 4) * 4
 
 
 def _precision(table: BaseEmbeddingConfig) -> SparseType:
@@ -109,15 +107,13 @@ class FusedTableBatch:
         self.tables = list(tables)
         self.feature_names = [name for table in self.tables for name in table.feature_names]
         self.optimizer = optimizer.optimizer
-        for table in self.tables:
-            _check_dim(table)
         precisions = {_precision(table) for table in self.tables}
         assert len(precisions) == 1, "tables of one TBE must share a data_type (see group_tables)"
         precisions_used = next(iter(precisions))
         cpu_adam = optimizer.optimizer is EmbOptimType.ADAM and device.type == "cpu"
         location, compute_device = _placement(device)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(t.num_embeddings, t.embedding_dim, location, compute_device) for t in self.tables],
+            [(t.num_embeddings, kernel_dim(t.embedding_dim), location, compute_device) for t in self.tables],
             feature_table_map=[i for i, t in enumerate(self.tables) for _ in t.feature_names],
             # The CPU Adam path updates weights itself; the TBE then only stores weights and runs forward.
             optimizer=FbgemmOptimType.EXACT_SGD if cpu_adam else _FBGEMM_OPTIMIZERS[optimizer.optimizer],
@@ -150,6 +146,7 @@ class FusedTableBatch:
         self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
         native = not cpu_adam and use_native_backward(optimizer, device, precisions_used)
         self._native = NativeFusedLookup(self.tbe, optimizer) if native else None
+        self._columns = _unpadded_columns(self.tables, pooling, device)
         logger.debug(
             "TBE over tables %s: optimizer %s, pooling %s, device %s",
             [t.name for t in self.tables],
@@ -175,10 +172,12 @@ class FusedTableBatch:
 
     def _lookup(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None) -> Tensor:
         if self._cpu_adam is not None:
-            return self._cpu_adam(indices, offsets, per_sample_weights)
-        if self._native is not None and torch.is_grad_enabled():
-            return self._native(indices, offsets, per_sample_weights)
-        return self.tbe(indices, offsets, per_sample_weights)
+            out = self._cpu_adam(indices, offsets, per_sample_weights)
+        elif self._native is not None and torch.is_grad_enabled():
+            out = self._native(indices, offsets, per_sample_weights)
+        else:
+            out = self.tbe(indices, offsets, per_sample_weights)
+        return out if self._columns is None else out.index_select(1, self._columns)
 
     def _find_out_of_range_id(self, indices: Tensor, offsets: Tensor) -> ValueError | None:
         """Name the first feature holding an id outside its table; only called after FBGEMM failed."""
@@ -199,17 +198,21 @@ class FusedTableBatch:
 
     def table_weights(self) -> list[Tensor]:
         """Per-table ``[num_embeddings, embedding_dim]`` views of the TBE's weight storage."""
-        return self.tbe.split_embedding_weights()
+        return [_unpad(w, t) for w, t in zip(self.tbe.split_embedding_weights(), self.tables)]
 
     def table_optimizer_states(self) -> list[dict[str, Tensor]]:
         """Per table, the optimizer state views by name (``momentum1``; Adam: ``exp_avg``, ``exp_avg_sq``,
         ``step``)."""
         if self._cpu_adam is not None:
-            return self._cpu_adam.table_states()
+            states = self._cpu_adam.table_states()
+            return [{k: _unpad(v, t) for k, v in s.items()} for s, t in zip(states, self.tables)]
         names = _STATE_NAMES[self.optimizer]
         if not names:
             return [{} for _ in self.tables]
-        states = [dict(zip(names, per_table)) for per_table in self.tbe.split_optimizer_states()]
+        states = [
+            {name: _unpad(state, table) for name, state in zip(names, per_table)}
+            for per_table, table in zip(self.tbe.split_optimizer_states(), self.tables)
+        ]
         if self.optimizer is EmbOptimType.ADAM:
             # FBGEMM keeps one step counter per TBE (its ``iter``), shared by every table of the batch.
             for state in states:
@@ -225,6 +228,33 @@ class FusedTableBatch:
 
     def get_learning_rate(self) -> float:
         return self._cpu_adam.lr if self._cpu_adam is not None else self.tbe.get_learning_rate()
+
+
+def _unpad(tensor: Tensor, table: BaseEmbeddingConfig) -> Tensor:
+    """A per-element ``[rows, kernel dim]`` view cut to the table's own columns (others pass through)."""
+    dim = table.embedding_dim
+    if tensor.dim() == 2 and tensor.shape[1] == kernel_dim(dim) != dim:
+        return tensor[:, :dim]
+    return tensor
+
+
+def _unpadded_columns(
+    tables: Sequence[BaseEmbeddingConfig], pooling: PoolingMode, device: torch.device
+) -> Tensor | None:
+    """The kernel output columns that are the tables' own (None when no table is padded).
+
+    Pooled output is every feature's kernel-width block side by side; sequence output one row per id."""
+    if all(kernel_dim(t.embedding_dim) == t.embedding_dim for t in tables):
+        return None
+    if pooling is PoolingMode.NONE:
+        dim = tables[0].embedding_dim  # sequence tables of one kernel share their dim
+        return torch.arange(dim, device=device)
+    columns, start = [], 0
+    for table in tables:
+        for _ in table.feature_names:
+            columns.extend(range(start, start + table.embedding_dim))
+            start += kernel_dim(table.embedding_dim)
+    return torch.tensor(columns, dtype=torch.int64, device=device)
 
 
 def _clone(tensor: Tensor | None) -> Tensor | None:

@@ -3,7 +3,8 @@
 The sparse types need nothing special from the tracer: their constructors are recorded as graph nodes
 (``JaggedTensorMeta``), their methods as method calls, and the operations that loop over their inputs are
 ``torch.fx.wrap``-ed leaves. What this tracer adds is TorchRec's ``leaf_modules`` argument (modules, by
-class name, to keep as calls instead of tracing into) and ``is_fx_tracing()``.
+class name, to keep as calls instead of tracing into), modules that mark themselves ``fx_leaf`` (the
+collections' lookups, so that a traced graph scripts) and ``is_fx_tracing()``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ class Tracer(fx.Tracer):
         self._leaf_modules = list(leaf_modules or [])
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return type(m).__name__ in self._leaf_modules or super().is_leaf_module(m, module_qualified_name)
+        # ``fx_leaf``: a collection's lookups (rectrain.embedding.lookup_call), kept whole for TorchScript.
+        if type(m).__name__ in self._leaf_modules or getattr(m, "fx_leaf", False):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
 
 
 def symbolic_trace(

@@ -1,5 +1,7 @@
-"""``torchrec.inference`` at rectrain's path: moving a trained sharded state dict into an unsharded model
-(``state_dict_transform``). rectrain's serving lives in ``recserve``."""
+"""``torchrec.inference``'s training-side helpers: a sharded state dict into an unsharded model.
+
+rectrain's serving lives in ``recserve``.
+"""
 
 from rectrain.inference import state_dict_transform
 

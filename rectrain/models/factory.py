@@ -32,10 +32,14 @@ def _two_tower(cfg: ModelConfig, ebc: EmbeddingBagCollection, device: torch.devi
 
 
 def _architecture(
-    cfg: ModelConfig, fused_optimizer: FusedOptimizerConfig | None, device: torch.device | str | None
+    cfg: ModelConfig,
+    fused_optimizer: FusedOptimizerConfig | None,
+    device: torch.device | str | None,
+    embedding_device: torch.device | str | None = None,
 ) -> nn.Module:
     """The TorchRec-named architecture of ``cfg`` (DLRM, DLRM_DCN or TwoTower) on ``device``."""
-    ebc = EmbeddingBagCollection(list(cfg.tables), device=device, fused_optimizer=fused_optimizer)
+    tables_on = embedding_device if embedding_device is not None else device
+    ebc = EmbeddingBagCollection(list(cfg.tables), device=tables_on, fused_optimizer=fused_optimizer)
     if cfg.kind == "two_tower":
         return _two_tower(cfg, ebc, device)
     common = dict(
@@ -56,15 +60,17 @@ def build_model(
     *,
     fused_optimizer: FusedOptimizerConfig | None = None,
     device: torch.device | str | None = None,
+    embedding_device: torch.device | str | None = None,
 ) -> nn.Module:
     """The prediction module of ``cfg``: ``forward(dense, kjt) -> logits [B]`` (see the module docstring).
 
-    ``fused_optimizer`` is the embedding tables' optimizer (default: the collection's, row-wise Adagrad);
-    ``device`` holds tables and dense layers (default cpu). The module has exactly one
+    ``fused_optimizer`` is the embedding tables' fused optimizer (default none: TorchRec's trainable tables);
+    ``device`` holds tables and dense layers (default cpu), ``embedding_device`` the tables when it differs
+    (``"meta"``: described, not allocated, for ``DistributedModelParallel``). The module has exactly one
     ``EmbeddingBagCollection``, which ``DistributedModelParallel`` shards.
     """
     cfg.validate()
-    arch = _architecture(cfg, fused_optimizer, device)
+    arch = _architecture(cfg, fused_optimizer, device, embedding_device)
     if cfg.kind == "two_tower":
         return TwoTowerPrediction(arch)
     return DLRMPrediction(arch)
@@ -76,13 +82,16 @@ def build_train_model(
     fused_optimizer: FusedOptimizerConfig | None = None,
     device: torch.device | str | None = None,
     temperature: float = 1.0,
+    embedding_device: torch.device | str | None = None,
 ) -> nn.Module:
     """The training module of ``cfg``, wrapping a fresh ``build_model(cfg, ...)`` as its child ``model``.
 
     ``dlrm`` / ``dlrm_dcn``: ``DLRMTrain`` (binary cross entropy). ``two_tower``: ``TwoTowerTrainTask``
     (in-batch softmax with ``temperature``). Both expose ``.prediction_model``.
     """
-    prediction = build_model(cfg, fused_optimizer=fused_optimizer, device=device)
+    prediction = build_model(
+        cfg, fused_optimizer=fused_optimizer, device=device, embedding_device=embedding_device
+    )
     if isinstance(prediction, TwoTowerPrediction):
         return TwoTowerTrainTask(prediction.model, temperature=temperature)
     return DLRMTrain(prediction)

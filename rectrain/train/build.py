@@ -62,12 +62,23 @@ def fused_optimizer_config(config: RunConfig) -> FusedOptimizerConfig:
     )
 
 
-def build_train_module(config: RunConfig, device: torch.device | None = None) -> nn.Module:
-    """The unsharded training model (``forward(batch) -> (loss, (loss, logits, labels))``)."""
+def build_train_module(
+    config: RunConfig, device: torch.device | None = None, embedding_device: torch.device | str | None = None
+) -> nn.Module:
+    """The unsharded training model (``forward(batch) -> (loss, (loss, logits, labels))``).
+
+    ``embedding_device="meta"`` describes the tables without allocating them (``DistributedModelParallel``
+    builds each rank's shards); their initial values are the same either way.
+    """
     from rectrain.models import build_train_model
 
     torch.manual_seed(config.train.seed)  # every rank builds identical initial weights
-    return build_train_model(config.model, fused_optimizer=fused_optimizer_config(config), device=device)
+    return build_train_model(
+        config.model,
+        fused_optimizer=fused_optimizer_config(config),
+        device=device,
+        embedding_device=embedding_device,
+    )
 
 
 def embedding_tables(config: RunConfig) -> dict[str, list[BaseEmbeddingConfig]]:
@@ -165,15 +176,28 @@ def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
     """The model sharded over ``env``'s process group (or unsharded without one) and its optimizer."""
     device = resolve_device(config, env)
     sharded = env is not None and env.pg is not None
-    # Unsharded, the tables are built where they train: a collection's FBGEMM kernel cannot move after
-    # construction. DistributedModelParallel builds its shards on ``device`` from the CPU-built module.
-    train_module = build_train_module(config, None if sharded else device)
+    # Unsharded, the tables are built where they train. Sharded, they are only described (meta device) and
+    # DistributedModelParallel allocates and initialises this rank's shards on ``device``: no rank ever
+    # holds a table it does not own.
+    train_module = build_train_module(config, None if sharded else device, "meta" if sharded else None)
     plan = None
     if sharded:
         tables = {path: list(config.model.tables) for path in find_collections(train_module)}
         plan = make_plan(config, tables, env.world_size, env)
+        topology = Topology(
+            world_size=env.world_size,
+            compute_device=device.type,
+            local_world_size=env.local_world_size,
+            ddr_cap=_bytes(config.planner.ddr_cap_gb),
+            hbm_cap=_bytes(config.planner.hbm_cap_gb),
+        )
         model: nn.Module = DistributedModelParallel(
-            train_module, env=env, device=device, plan=plan, batch_size=config.train.batch_size
+            train_module,
+            env=env,
+            device=device,
+            plan=plan,
+            batch_size=config.train.batch_size,
+            topology=topology,
         )
         sparse, inner, collections = model.fused_optimizer, model.module, model.sharded_modules()
         cpu_backward = next(iter(model.cpu_backward.values()))

@@ -153,14 +153,17 @@ def _probe_dir(path: Path, key: str) -> None:
 
 
 def _probe_file(path: Path, key: str) -> None:
-    """Open ``path`` for appending as the run will (a file it created is removed again)."""
-    existed = path.exists()
+    """Open ``path`` for appending as the run will; a file not there yet is tried through a probe beside it,
+    named per process, since every rank checks while rank 0 may already be writing the log."""
     try:
+        if path.exists():
+            with open(path, "a"):
+                pass
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
-        if not existed:
-            path.unlink(missing_ok=True)  # another node's probe of a shared path may have removed it
+        probe = path.parent / f".{path.name}.write-probe-{socket.gethostname()}-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as e:
         raise ConfigError(
             f"{key}: cannot write {path} ({e.strerror}); choose a file this user can write"

@@ -26,12 +26,12 @@ from rectrain.optim.rowwise_adagrad import RowWiseAdagrad
 from tests.distributed.multiprocess import run_multiprocess
 
 
-def _ebc() -> EmbeddingBagCollection:
+def _ebc(device: str | None = None) -> EmbeddingBagCollection:
     tables = [
         EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=20, feature_names=[f"f{i}"])
         for i in range(2)
     ]
-    return EmbeddingBagCollection(tables)
+    return EmbeddingBagCollection(tables, device=device)
 
 
 def _weights(ebc: EmbeddingBagCollection) -> dict[str, torch.Tensor]:
@@ -82,9 +82,9 @@ def _batch(rank: int) -> KeyedJaggedTensor:
     )
 
 
-def _train(env) -> dict:
+def _train(env, device: str) -> dict:
     torch.manual_seed(0)
-    ebc = _ebc()
+    ebc = _ebc(device)  # "meta": TorchRec's golden_training builds its collection there
     apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.1})
     constraints = {
         "t0": ParameterConstraints(compute_kernels=["dense"]),
@@ -103,7 +103,12 @@ def _train(env) -> dict:
     dmp(_batch(env.rank)).values().sum().backward()
     user.step()
     after = dmp.state_dict()
+    t1 = before["embedding_bags.t1.weight"]
     return {
+        "initial": {
+            "t0": before["embedding_bags.t0.weight"],
+            "t1": [(s.metadata.shard_offsets, s.tensor) for s in t1.local_shards()],
+        },
         "dense": sorted(dense),
         "fused": (dmp.fused_optimizer.optimizer_type.value, dmp.fused_optimizer.param_groups[0]["lr"]),
         "keys": sorted(dmp.fused_optimizer.state_dict()["state"]),
@@ -113,12 +118,26 @@ def _train(env) -> dict:
 
 
 @pytest.mark.slow
-def test_dmp_honours_apply_optimizer_in_backward_and_dense_data_parallel_tables():
-    results = run_multiprocess(_train, 2)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_dmp_honours_apply_optimizer_in_backward_and_dense_data_parallel_tables(device):
+    results = run_multiprocess(_train, 2, device)
+    torch.manual_seed(0)
+    unsharded = _ebc()
+    held = 0
     for result in results:
+        # Built on the meta device or not, each rank starts from the unsharded collection's values: the
+        # data-parallel table whole, the table-wise one on the rank that holds it.
+        assert torch.equal(result["initial"]["t0"], unsharded.embedding_bags["t0"].weight)
+        for offsets, shard in result["initial"]["t1"]:
+            if shard.numel() == 0:
+                continue  # the rank without t1
+            rows = slice(offsets[0], offsets[0] + shard.shape[0])
+            assert torch.equal(shard, unsharded.embedding_bags["t1"].weight[rows, offsets[1] :])
+            held += shard.numel()
         assert result["dense"] == ["data_parallel.tables.t0.weight"]
         assert result["fused"] == ("rowwise_adagrad", 0.1)
         assert result["keys"] == ["embedding_bags.t1.weight"]
         assert result["t0_moved"]
+    assert held == unsharded.embedding_bags["t1"].weight.numel()
     # DDP averaged the replicas' gradients, so the user's optimizer kept them identical.
     assert torch.equal(results[0]["t0"], results[1]["t0"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rectrain.embedding import EmbeddingBagConfig
+from rectrain.embedding import EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig
 from rectrain.sparse import KeyedJaggedTensor
@@ -64,7 +64,9 @@ def request(
 
 
 def fp32_logits(cfg: ModelConfig, state: dict[str, Tensor], dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
-    model = build_model(cfg)
+    # FBGEMM's kernels, as the package's fp32 tables (a collection built TorchRec's way pools with
+    # nn.EmbeddingBag, whose sums round differently in the last bit).
+    model = build_model(cfg, fused_optimizer=FusedOptimizerConfig())
     model.load_state_dict(state)
     with torch.no_grad():
         return model.eval()(dense, kjt)

@@ -19,6 +19,7 @@ from rectrain.distributed import (
     row_wise,
     table_wise,
 )
+from rectrain.embedding import FusedOptimizerConfig
 from rectrain.models import Batch, build_train_model
 from rectrain.planner import ShardingPlan
 from tests.distributed.multiprocess import run_multiprocess
@@ -31,7 +32,7 @@ EBC_PATH = "model.model.sparse_arch.embedding_bag_collection"
 def _train_and_save(env, root: str) -> None:
     """Two ranks: t0 row-wise, t1 column-wise, t2/t3 table-wise; a few steps so tables move off init."""
     torch.manual_seed(0)
-    model = build_train_model(CFG)
+    model = build_train_model(CFG, fused_optimizer=FusedOptimizerConfig())
     per_table = {"t0": row_wise(), "t1": column_wise([0, 1]), "t2": table_wise(1), "t3": table_wise(0)}
     shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in CFG.tables}
     plan = ShardingPlan(
@@ -57,7 +58,7 @@ def checkpoints(tmp_path_factory):
     two = tmp_path_factory.mktemp("ckpt_two_ranks")
     run_multiprocess(_train_and_save, 2, str(two))
     one = tmp_path_factory.mktemp("ckpt_one_rank")
-    model = build_train_model(CFG)
+    model = build_train_model(CFG, fused_optimizer=FusedOptimizerConfig())  # save_checkpoint's kind
     load_checkpoint(two, model=model)
     save_checkpoint(one, model=model, step=3, model_config=CFG)
     return two, one

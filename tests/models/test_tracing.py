@@ -117,6 +117,14 @@ def test_fx_symbolic_trace(name):
         check_runs_like_eager(model, trace(model), name)
 
 
+@pytest.mark.parametrize("name", ["ebc", "ec"])
+def test_torch_jit_script_of_a_collection_and_of_its_rectrain_fx_graph(name):
+    """TorchScript compiles around the lookups and calls them back in Python (lookup_call)."""
+    model = MODELS[name]()
+    check_runs_like_eager(model, torch.jit.script(model), name)
+    check_runs_like_eager(model, torch.jit.script(rectrain.fx.symbolic_trace(model)), name)
+
+
 def test_fx_graph_of_ebc_trains_through_the_fused_optimizer():
     """The FBGEMM lookup is one node of the fx graph, so backward through the graph updates the tables."""
     model, reference = ebc(FusedOptimizerConfig()), ebc(FusedOptimizerConfig())

@@ -75,17 +75,18 @@ def _steady_state_syncs(model, optimizer, device, pipelined: bool, rank: int) ->
     return syncs.ours().outside(HOST_READS)
 
 
-def _sharded(env, pipelined: bool) -> list[str]:
+def _sharded(env, pipelined: bool, meta: bool = False) -> list[str]:
     torch.manual_seed(0)
-    model = DistributedModelParallel(_model(), env=env, batch_size=32)
+    built = _model(torch.device("meta") if meta else None)  # rectrain train builds sharded tables on meta
+    model = DistributedModelParallel(built, env=env, batch_size=32)
     _deferred_id_checks(model)
     dense = [p for n, p in model.named_parameters() if "sparse_arch" not in n]
     return _steady_state_syncs(model, torch.optim.Adagrad(dense), torch.device("cpu"), pipelined, env.rank)
 
 
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_a_sharded_step_on_one_rank_reads_nothing_back(pipelined):
-    (syncs,) = run_multiprocess(_sharded, 1, pipelined)
+@pytest.mark.parametrize("pipelined,meta", [(False, False), (True, False), (True, True)])
+def test_a_sharded_step_on_one_rank_reads_nothing_back(pipelined, meta):
+    (syncs,) = run_multiprocess(_sharded, 1, pipelined, meta)
     assert syncs == []
 
 

@@ -1,0 +1,288 @@
+"""safetensors files written and read a slice at a time, so that no process holds a second copy of a table.
+
+``safetensors.torch.save_file`` turns every tensor into a ``bytes`` object before writing (a full copy of
+what is saved), and ``safe_open`` maps the file, so every page read stays resident in the reading process.
+Here the layout is fixed up front from each tensor's dtype and shape, tensors (or row ranges of them) are
+written from their own memory with ``pwrite``, and reads ``preadv`` straight into the destination: the
+extra memory is one bounded chunk, and file pages live only in the page cache. The files are ordinary
+safetensors (readable by ``safe_open``); the data section starts at a multiple of ``ALIGN`` bytes (the header
+is padded with spaces, as the format allows), so that a mapped tensor of the file is aligned as well as its
+offset inside the data section allows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+ALIGN = 64
+CHUNK_BYTES = 32 * 2**20  # the most a read or a non-contiguous write stages at once
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_NAMES = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+class SafetensorsFormatError(ValueError):
+    """A file is not a safetensors file this module can read (the message names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One stored tensor: its name, dtype, shape and (once laid out) its byte range in the file."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int = 0  # absolute file offset of its first byte
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _element_size(self.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index of the first dimension (the whole tensor for a scalar)."""
+        return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def spec_of(name: str, tensor: Tensor) -> TensorSpec:
+    return TensorSpec(name, tensor.dtype, tuple(tensor.shape))
+
+
+def _as_bytes(tensor: Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    flat = tensor.reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+class SafetensorsWriter:
+    """A safetensors file whose tensors are declared up front and then written in any order, in pieces.
+
+    ``write(name, tensor, row_offset)`` stores ``tensor`` as rows ``row_offset..`` of the declared tensor
+    ``name`` (any device and memory layout; staged through ``CHUNK_BYTES`` when not contiguous on the CPU).
+    ``close()`` checks every byte was written and fsyncs. A context manager (an error removes the file).
+    """
+
+    def __init__(
+        self, path: str | Path, specs: Sequence[TensorSpec], metadata: Mapping[str, str] | None = None
+    ) -> None:
+        self.path = Path(path)
+        header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+        position = 0
+        for spec in specs:
+            if spec.dtype not in _DTYPES:
+                raise SafetensorsFormatError(
+                    f"{self.path}: tensor {spec.name!r}: dtype {spec.dtype} unsupported"
+                )
+            header[spec.name] = {
+                "dtype": _DTYPES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [position, position + spec.nbytes],
+            }
+            position += spec.nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        padded = len(text) + (-(8 + len(text)) % ALIGN)
+        self.data_start = 8 + padded
+        self.specs = {
+            s.name: TensorSpec(s.name, s.dtype, s.shape, self.data_start + header[s.name]["data_offsets"][0])
+            for s in specs
+        }
+        self._remaining = {name: spec.nbytes for name, spec in self.specs.items()}
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        _pwrite_all(self._fd, memoryview(struct.pack("<Q", padded) + text.ljust(padded)), 0)
+        os.ftruncate(self._fd, self.data_start + position)
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        if error is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, name: str, tensor: Tensor, row_offset: int = 0) -> None:
+        """Store ``tensor`` as rows ``row_offset..`` of ``name`` (trailing dims as declared)."""
+        spec = self.specs[name]
+        if tensor.dtype != spec.dtype or tuple(tensor.shape[1:]) != spec.shape[1:]:
+            raise SafetensorsFormatError(
+                f"{self.path}: tensor {name!r}: writing {tensor.dtype} {list(tensor.shape)} into "
+                f"{spec.dtype} {list(spec.shape)}"
+            )
+        rows = tensor.shape[0] if tensor.dim() else 1
+        if row_offset + rows > (spec.shape[0] if spec.shape else 1):
+            raise SafetensorsFormatError(f"{self.path}: tensor {name!r}: rows beyond {list(spec.shape)}")
+        tensor = tensor.detach()
+        offset = spec.start + row_offset * spec.row_bytes
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            _pwrite_all(self._fd, _as_bytes(tensor), offset)
+        else:
+            step = max(1, CHUNK_BYTES // max(1, spec.row_bytes))
+            flat = tensor.reshape(1, *tensor.shape) if tensor.dim() == 0 else tensor
+            for first in range(0, rows, step):
+                chunk = flat[first : first + step].to("cpu").contiguous()
+                _pwrite_all(self._fd, _as_bytes(chunk), offset + first * spec.row_bytes)
+        self._remaining[name] -= rows * spec.row_bytes if spec.shape else spec.nbytes
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        unwritten = [name for name, left in self._remaining.items() if left > 0]
+        if unwritten:
+            self.abort()
+            raise SafetensorsFormatError(
+                f"{self.path}: tensors {unwritten[:5]} were declared but not written"
+            )
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.path.unlink(missing_ok=True)
+
+
+def save_tensors(
+    path: str | Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``tensors`` as one safetensors file straight from their memory (no ``bytes`` copy)."""
+    with SafetensorsWriter(path, [spec_of(k, v) for k, v in tensors.items()], metadata) as writer:
+        for name, tensor in tensors.items():
+            writer.write(name, tensor)
+
+
+class SafetensorsFile:
+    """A safetensors file's header, and reads of any rows (and columns) of its tensors with ``preadv``.
+
+    The file is not mapped: what is read lands only in the destination tensor (and the page cache).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        try:
+            self.specs, self.metadata = self._parse()
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _parse(self) -> tuple[dict[str, TensorSpec], dict[str, str]]:
+        size = os.fstat(self._file.fileno()).st_size
+        head = self._file.read(8)
+        if len(head) < 8:
+            raise SafetensorsFormatError(f"{self.path}: too short for a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, 100 * 2**20):
+            raise SafetensorsFormatError(f"{self.path}: header length {length} exceeds the file")
+        try:
+            header = json.loads(self._file.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise SafetensorsFormatError(f"{self.path}: header is not JSON ({error})") from None
+        if not isinstance(header, dict):
+            raise SafetensorsFormatError(f"{self.path}: header is not a JSON object")
+        metadata = header.pop("__metadata__", None) or {}
+        specs, data_start = {}, 8 + length
+        for name, entry in header.items():
+            try:
+                dtype = _NAMES[entry["dtype"]]
+                shape = tuple(int(n) for n in entry["shape"])
+                begin, end = (int(n) for n in entry["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise SafetensorsFormatError(
+                    f"{self.path}: tensor {name!r}: malformed header entry"
+                ) from None
+            spec = TensorSpec(name, dtype, shape, data_start + begin)
+            if end - begin != spec.nbytes or data_start + end > size:
+                raise SafetensorsFormatError(
+                    f"{self.path}: tensor {name!r}: byte range does not fit its shape"
+                )
+            specs[name] = spec
+        return specs, metadata
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def spec(self, name: str) -> TensorSpec:
+        if name not in self.specs:
+            raise KeyError(name)
+        return self.specs[name]
+
+    def _read_bytes(self, out: Tensor, offset: int) -> None:
+        view, fd = _as_bytes(out), self._file.fileno()
+        while len(view):
+            got = os.preadv(fd, [view], offset)
+            if got <= 0:
+                raise SafetensorsFormatError(f"{self.path}: ends before byte {offset + len(view)}")
+            view, offset = view[got:], offset + got
+
+    def read(self, name: str) -> Tensor:
+        """A whole tensor, newly allocated."""
+        spec = self.spec(name)
+        out = torch.empty(spec.shape, dtype=spec.dtype)
+        self._read_bytes(out, spec.start)
+        return out
+
+    def read_rows(self, name: str, first: int, count: int) -> Tensor:
+        """Rows ``first..first+count`` of a tensor (its first dimension), newly allocated."""
+        spec = self.spec(name)
+        out = torch.empty((count, *spec.shape[1:]), dtype=spec.dtype)
+        self._read_bytes(out, spec.start + first * spec.row_bytes)
+        return out
+
+    def read_into(
+        self, name: str, out: Tensor, rows: tuple[int, int], cols: tuple[int, int] | None = None
+    ) -> None:
+        """Copy rows ``rows[0]..rows[1]`` (and, of a 2-D tensor, columns ``cols``) into ``out``.
+
+        Straight into ``out`` when it is a contiguous CPU tensor taking whole rows; otherwise through chunks
+        of at most ``CHUNK_BYTES``."""
+        spec = self.spec(name)
+        first, end = rows
+        whole_rows = cols is None or (cols[0] == 0 and cols[1] == spec.shape[1])
+        if whole_rows and out.device.type == "cpu" and out.is_contiguous() and out.dtype == spec.dtype:
+            self._read_bytes(out, spec.start + first * spec.row_bytes)
+            return
+        step = max(1, CHUNK_BYTES // max(1, spec.row_bytes))
+        for start in range(first, end, step):
+            count = min(step, end - start)
+            chunk = self.read_rows(name, start, count)
+            if not whole_rows:
+                chunk = chunk[:, cols[0] : cols[1]]
+            out[start - first : start - first + count].copy_(chunk)
