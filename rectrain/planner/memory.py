@@ -54,11 +54,12 @@ class RankMemory:
 def rank_memory(
     plan: ShardingPlan,
     tables: Mapping[str, Sequence[BaseEmbeddingConfig]],
-    optimizer: FusedOptimizerConfig,
+    optimizer: FusedOptimizerConfig | None,
     batch_size: int,
     dense_parameter_bytes: int = 0,
 ) -> list[RankMemory]:
-    """Every rank's estimate for ``plan`` over ``tables`` (``{module path: configs}``)."""
+    """Every rank's estimate for ``plan`` over ``tables`` (``{module path: configs}``); ``optimizer`` None is
+    what sharded tables given none train with, as in TorchRec: FBGEMM's exact SGD, which keeps no state."""
     world = plan.world_size
     ranks = [RankMemory(r, dense=4 * dense_parameter_bytes) for r in range(world)]
     for path, configs in tables.items():
@@ -75,7 +76,8 @@ def rank_memory(
             for rank, rows, cols in pieces:
                 memory = ranks[rank]
                 memory.tables += int(rows * cols * element)
-                memory.optimizer += rows * optimizer.state_floats_per_row(cols) * _FLOAT_BYTES
+                state = 0 if optimizer is None else optimizer.state_floats_per_row(cols)
+                memory.optimizer += rows * state * _FLOAT_BYTES
                 # The global batch's ids of the table's features arrive here; 3 pooled buffers go back.
                 examples = batch_size * world * table.num_features
                 memory.working += rows * _COUNTER_BYTES + examples * (_ID_BYTES + 3 * cols * _FLOAT_BYTES)

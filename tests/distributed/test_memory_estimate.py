@@ -8,7 +8,7 @@ import torch
 
 from rectrain.distributed import DistributedModelParallel
 from rectrain.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.models import DLRM
 from rectrain.planner import ShardingPlan, Topology
@@ -87,7 +87,8 @@ def test_plan_that_does_not_fit_is_refused_naming_rank_and_numbers():
 
 
 def test_estimate_counts_replicas_and_state():
-    ebc = EmbeddingBagCollection(_tables(), device="meta")
+    rowwise = FusedOptimizerConfig(optimizer="rowwise_adagrad", lr=0.05)
+    ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=rowwise)
     module = construct_module_sharding_plan(ebc, {"t0": table_wise(1), "t1": table_wise(1)}, 2)
     plan = ShardingPlan({"": module}, 2, {"": SHAPES})
     config = ebc.fused_optimizer_config
