@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from recserve.client.loadgen import LoadgenResult
 from recserve.mainjob import MainJobConfig, MainJobError
 from recserve.mainjob.config import JobPaths, run_config_text
-from recserve.mainjob.job import MARKER, prepare_out
+from recserve.mainjob.job import MARKER, prepare_out, serving_device
 from recserve.mainjob.stages import ServerProcess, cli, free_port, run_stage
 from recserve.mainjob.summary import parse_loadgen
 from rectrain.train.config import RunConfig
@@ -89,11 +89,23 @@ def test_run_config_is_a_valid_train_config(steps, batch_size, num_embeddings, e
     }
 
 
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda"])
+def test_the_device_reaches_training_export_and_serving(device) -> None:
+    cfg = MainJobConfig(out=Path("/tmp/x"), device=device)
+    run = RunConfig.from_dict(
+        tomllib.loads(run_config_text(cfg, JobPaths(Path("/tmp/x")))), source="run.toml"
+    )
+    assert run.train.device == device
+    assert serving_device(cfg) == ("cuda:0" if device == "cuda" else "cpu")
+
+
 def test_config_rejects_bad_sizes() -> None:
     with pytest.raises(MainJobError, match="steps must be >= 1, got 0"):
         MainJobConfig(steps=0)
     with pytest.raises(MainJobError, match=r"query_rows \(500\) exceeds heldout_rows \(100\)"):
         MainJobConfig(heldout_rows=100, query_rows=500)
+    with pytest.raises(MainJobError, match="device must be one of auto, cpu, cuda, got 'gpu'"):
+        MainJobConfig(device="gpu")
 
 
 def test_failing_stage_names_stage_command_and_output(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from recserve.mainjob.config import MainJobConfig
+from recserve.mainjob.config import DEVICES, MainJobConfig
 
 _HELP = {
     "out": "output directory for every artefact",
@@ -27,6 +27,8 @@ _HELP = {
     "loadgen_batch": "examples per load-test request",
     "server_start_timeout_s": "seconds to wait for the server to report SERVING",
     "seed": "seed of the data and the training run",
+    "device": "cuda: train on the GPUs (one per rank), export onto cuda:0 and serve there; cpu: all on the "
+    "CPU; auto: train where train.device = auto picks, export and serve on the CPU",
 }
 
 
@@ -47,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--" + f.name.replace("_", "-"),
             type=kind,
             default=default,
+            choices=DEVICES if f.name == "device" else None,
             help=f"{_HELP[f.name]} (default %(default)s)",
         )
 

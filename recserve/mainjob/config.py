@@ -13,6 +13,7 @@ from pathlib import Path
 from recserve.errors import RecServeError
 
 NUM_TABLES = 26  # one table per Criteo categorical column
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class MainJobError(RecServeError):
@@ -54,6 +55,10 @@ class MainJobConfig:
     loadgen_batch: int = 64
     server_start_timeout_s: float = 90.0
     seed: int = 0
+    # Where it all runs: "cuda" trains on the GPUs (one per rank), exports the package placed on cuda:0 and
+    # serves it there; "cpu" everywhere; "auto" trains where rectrain's train.device = "auto" picks, and
+    # exports and serves on the CPU.
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:
@@ -65,6 +70,8 @@ class MainJobConfig:
             )
         if self.loadgen_seconds <= 0 or self.server_start_timeout_s <= 0:
             raise MainJobError("main job: loadgen_seconds and server_start_timeout_s must be > 0")
+        if self.device not in DEVICES:
+            raise MainJobError(f"main job: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.heldout_rows < self.query_rows:
             raise MainJobError(
                 f"main job: query_rows ({self.query_rows}) exceeds heldout_rows ({self.heldout_rows})"
@@ -152,6 +159,7 @@ def run_config_text(cfg: MainJobConfig, paths: JobPaths) -> str:
             "seed": cfg.seed,
             "pipeline": True,
             "metrics_log": str(paths.metrics_log.resolve()),
+            **({} if cfg.device == "auto" else {"device": cfg.device}),
         },
         "checkpoint": {
             "dir": str(paths.checkpoints.resolve()),

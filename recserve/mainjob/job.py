@@ -77,6 +77,11 @@ def write_data(cfg: MainJobConfig, paths: JobPaths) -> None:
     paths.run_config.write_text(run_config_text(cfg, paths))
 
 
+def serving_device(cfg: MainJobConfig) -> str:
+    """Where the package is placed and served: GPU 0 for ``--device cuda``, else the CPU."""
+    return "cuda:0" if cfg.device == "cuda" else "cpu"
+
+
 def heldout_batch(paths: JobPaths, rows: int) -> Batch:
     """The first ``rows`` held-out rows, read by the training job's own Criteo reader and hashing."""
     config = RunConfig.load(paths.run_config, [f"train.batch_size={rows}", "data.num_workers=0"])
@@ -86,11 +91,12 @@ def heldout_batch(paths: JobPaths, rows: int) -> Batch:
     return batch
 
 
-def query_server(target: str, package: Path, batch: Batch) -> tuple[float, float]:
-    """Scores from the server vs the in-process Predictor on ``batch``: ``(AUC, max abs difference)``."""
+def query_server(target: str, package: Path, batch: Batch, device: str = "cpu") -> tuple[float, float]:
+    """Scores from the server vs the in-process Predictor on ``device`` (the server's) on ``batch``:
+    ``(AUC, max abs difference)``."""
     with PredictorClient(target, timeout=30.0) as client:
         served = client.predict(batch.dense_features, batch.sparse_features)
-    local = Predictor.load(package).predict(batch.dense_features, batch.sparse_features)
+    local = Predictor.load(package, device=device).predict(batch.dense_features, batch.sparse_features)
     diff = float((served - local).abs().max())
     if served.shape != local.shape or diff > 1e-5:
         raise MainJobError(
@@ -153,6 +159,7 @@ def run_main_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary:
         latency_p99_ms=0.0,
         loadgen_errors="",
         metrics_url="",
+        serving_device=serving_device(cfg),
     )
     _serve_and_measure(cfg, paths, timer, summary, echo)
     summary.stage_seconds = timer.seconds
@@ -165,7 +172,8 @@ def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: _Timer) -> Pat
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc)]
     torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
     train = [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
-    with timer.stage("train", f"DLRM, {cfg.steps} steps x {cfg.batch_size} x {cfg.nproc} ranks (torchrun)"):
+    ranks = f"{cfg.nproc} ranks (torchrun, device {cfg.device})"
+    with timer.stage("train", f"DLRM, {cfg.steps} steps x {cfg.batch_size} x {ranks}"):
         output = run_stage("train", train, paths.logs)
     for line in output.splitlines():
         if line.startswith(("trained ", "eval at ", "checkpoint: ")):
@@ -174,8 +182,8 @@ def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: _Timer) -> Pat
     with timer.stage("verify", f"rectrain ckpt verify {step_dir}"):
         run_stage("verify", [*cli("rectrain"), "ckpt", "verify", str(step_dir)], paths.logs)
     export = [*cli("recserve"), "export", "--checkpoint", str(paths.checkpoints), "--out", str(paths.package)]
-    export += ["--dtype", "int8", "--model-name", "dlrm", "--version", "1"]
-    with timer.stage("export", f"int8 package -> {paths.package}"):
+    export += ["--dtype", "int8", "--model-name", "dlrm", "--version", "1", "--devices", serving_device(cfg)]
+    with timer.stage("export", f"int8 package on {serving_device(cfg)} -> {paths.package}"):
         run_stage("export", export, paths.logs)
     return step_dir
 
@@ -189,13 +197,16 @@ def _serve_and_measure(
     summary.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     serve = [*cli("recserve"), "serve", "--package", str(paths.package), "--port", str(port)]
     serve += ["--metrics-port", str(metrics_port), "--admin-port", "-1"]  # no reloads in this job
+    serve += ["--device", serving_device(cfg)]
     server = ServerProcess(serve, target, paths.logs / "serve.log", cfg.server_start_timeout_s)
     with ExitStack() as running:
         with timer.stage("serve", f"recserve serve on {target}, metrics on {summary.metrics_url}"):
             running.enter_context(server)  # stopped with SIGTERM when this block exits, also on Ctrl-C
         with timer.stage("query", f"{cfg.query_rows} held-out rows via PredictorClient"):
             batch = heldout_batch(paths, cfg.query_rows)
-            summary.served_auc, summary.served_max_abs_diff = query_server(target, paths.package, batch)
+            summary.served_auc, summary.served_max_abs_diff = query_server(
+                target, paths.package, batch, serving_device(cfg)
+            )
             summary.served_rows = int(batch.labels.numel())
         loadgen = [*cli("recserve"), "loadgen", "--target", target, "--duration", str(cfg.loadgen_seconds)]
         loadgen += ["--concurrency", str(cfg.loadgen_concurrency), "--batch", str(cfg.loadgen_batch)]

@@ -46,6 +46,7 @@ class MainJobSummary:
     loadgen_errors: str
     metrics_url: str
     server_exit_code: int | None = None
+    serving_device: str = "cpu"  # where the package was placed and served
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -118,7 +119,7 @@ def format_summary(s: MainJobSummary) -> str:
             f"plan ({len(s.plan)} tables):",
             format_plan(s.plan),
             f"checkpoint: {s.checkpoint_dir} ({s.checkpoint_mb:.2f} MB)",
-            f"package (int8): {s.package_dir} ({s.package_mb:.2f} MB)",
+            f"package (int8, on {s.serving_device}): {s.package_dir} ({s.package_mb:.2f} MB)",
             f"served {s.served_rows} held-out rows: AUC {s.served_auc:.4f}, "
             f"max |server - in-process Predictor| = {s.served_max_abs_diff:.2e}",
             f"load test: {s.throughput_examples_per_s:,.0f} examples/s, "
