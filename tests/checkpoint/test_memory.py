@@ -7,6 +7,7 @@ import torch
 
 from rectrain.checkpoint import load_checkpoint, save_checkpoint
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+from rectrain.embedding.config import FusedOptimizerConfig
 
 ROWS, DIM = 1_000_000, 64  # 256 MB of weights
 SLACK = 96 * 10**6  # one 32 MB read chunk, the row-wise state, allocator noise
@@ -25,7 +26,7 @@ def _reset_peak() -> int:
 
 def test_save_and_load_add_no_copy_of_the_table(tmp_path):
     table = EmbeddingBagConfig(name="t", num_embeddings=ROWS, embedding_dim=DIM)
-    model = EmbeddingBagCollection([table])
+    model = EmbeddingBagCollection([table], fused_optimizer=FusedOptimizerConfig())
     weights = ROWS * DIM * 4
     base = _reset_peak()
     save_checkpoint(tmp_path, model=model, optimizer=model.fused_optimizer, step=1)

@@ -8,7 +8,8 @@ import torch
 
 from rectrain.distributed import DistributedModelParallel
 from rectrain.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.models import DLRM
 from rectrain.planner import ShardingPlan, Topology
@@ -25,12 +26,12 @@ def _tables() -> list[EmbeddingBagConfig]:
 
 
 def _model() -> DLRM:
-    ebc = EmbeddingBagCollection(_tables(), device="meta")
+    ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=FusedOptimizerConfig())
     return DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[64, DIM], over_arch_layer_sizes=[64, 1])
 
 
 def _plan(world_size: int) -> ShardingPlan:
-    ebc = EmbeddingBagCollection(_tables(), device="meta")
+    ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=FusedOptimizerConfig())
     generators = {"t0": table_wise(0), "t1": table_wise(world_size - 1)}
     module = construct_module_sharding_plan(ebc, generators, world_size)
     path = "sparse_arch.embedding_bag_collection"
@@ -87,8 +88,7 @@ def test_plan_that_does_not_fit_is_refused_naming_rank_and_numbers():
 
 
 def test_estimate_counts_replicas_and_state():
-    rowwise = FusedOptimizerConfig(optimizer="rowwise_adagrad", lr=0.05)
-    ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=rowwise)
+    ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=FusedOptimizerConfig())
     module = construct_module_sharding_plan(ebc, {"t0": table_wise(1), "t1": table_wise(1)}, 2)
     plan = ShardingPlan({"": module}, 2, {"": SHAPES})
     config = ebc.fused_optimizer_config
