@@ -16,7 +16,7 @@ range) that a linear model misses, plus optional steps at thresholds (as a tree 
 AUC of the true probabilities on the held-out rows: what no model can beat.
 
     python bench/foreign_criteo.py gen [RULE ...]   # writes /tmp/foreign/<rule>/{train,test}.tsv
-    python bench/foreign_runs.py run RECIPE RULE    # the README's command on them, vs best and plain
+    python bench/foreign_runs.py run RECIPE RULE    # docs/training.md's command on them, vs best and plain
     python bench/foreign_runs.py table [--ranks 1,2] [RULE ...]   # every recipe on every rule
 """
 

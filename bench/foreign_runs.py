@@ -1,4 +1,4 @@
-"""The README's commands on bench/foreign_criteo.py's rules, next to each rule's best AUC and the plain model.
+"""docs/training.md's command on bench/foreign_criteo.py's rules, beside each rule's best AUC and plain model.
 
     python bench/foreign_runs.py run RECIPE RULE
     python bench/foreign_runs.py table [--ranks 1,2] [--recipes A.toml,B.toml] [--set K=V ...] [RULE ...]
@@ -33,7 +33,7 @@ MARGIN = 0.02
 
 
 def recipe_auc(recipe: str, facts: dict, out: Path, ranks: int = 1, extra: tuple[str, ...] = ()) -> float:
-    """The README's command line on the rule's files; the final held-out AUC from its metrics log."""
+    """docs/training.md's command line on the rule's files; the final held-out AUC from its metrics log."""
     out = out / f"{Path(recipe).stem}-{ranks}r"
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: no checkpoint of an earlier one to resume
     out.mkdir(parents=True)

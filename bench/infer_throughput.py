@@ -228,6 +228,9 @@ def main() -> None:
             print(f"compiled dense: {best:,.0f} examples/s ({best / max(ours):.2f}x eager)")
         for dense_dtype in filter(None, args.dense_dtypes.split(",")):
             print_dense_variant(Path(tmp), args, dense_dtype, max(ours))
+    if peer and max(peer) > 0:
+        print(f"torchrec {args.dtype} infer examples/s {max(peer):.0f}")
+        print(f"ratio vs torchrec {max(ours) / max(peer):.2f}")
     print(f"rectrain {args.dtype} infer examples/s {max(ours):.0f}")
 
 

@@ -26,6 +26,10 @@ def _cpuinfo() -> tuple[str, set[str]]:
     return model, flags
 
 
+def cpu_model() -> str:
+    return _cpuinfo()[0]
+
+
 def isa_class() -> str:
     """AVX-512 (with AMX / AVX512-BF16 named), AVX2 or other; "emulated AVX2" under an override."""
     _, flags = _cpuinfo()

@@ -292,6 +292,11 @@ def summary(rounds: list[list[tuple[str, Measured, Measured, float]]]) -> None:
                 f"  goal (capacity >= 1.5x, p99 <= Triton's, served >= 0.3 of in-process) met in {met} of "
                 f"{len(rounds)} rounds"
             )
+            # The recorded figures (python -m bench): the default server against Triton, worst round of each.
+            print(f"capacity vs triton {min(cap):.2f}")
+            print(f"p99 at half load vs triton {max(p99):.2f}")
+            print(f"served vs in-process {min(served):.2f}")
+            print(f"goal rounds met {met}")
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""A few training steps of a small embedding model on synthetic, learnable data: the README's first command.
+"""A few training steps of a small embedding model on synthetic, learnable data: ``rectrain demo``.
 
 The labels come from a hidden per-id score, so a model that learns its embeddings drives the loss down; the
 summary shows that the whole stack (KeyedJaggedTensor -> FBGEMM lookups -> fused optimizer + dense optimizer)

@@ -164,9 +164,9 @@ def _shared_ports(cfg: ServeConfig) -> list[tuple[str, str, int]]:
 def _pinned_cpus(cfg: ServeConfig) -> list[list[int]] | None:
     """Each worker's CPUs, or None to leave placement to the kernel.
 
-    Measured with 2 workers on 2 cores (bench/serve_ceiling.py's h2load client): pinned, they served 14-24 %
-    more requests per second at 8-15 % less CPU per request (nginx's ``worker_cpu_affinity auto`` does the
-    same). GPU workers share their device, so they are left alone.
+    Measured with 2 workers on 2 cores (the retired bench/serve_ceiling.py's h2load client): pinned, they
+    served 14-24 % more requests per second at 8-15 % less CPU per request (nginx's ``worker_cpu_affinity
+    auto`` does the same). GPU workers share their device, so they are left alone.
     """
     if not cfg.pin_workers or cfg.device != "cpu" or not hasattr(os, "sched_getaffinity"):
         return None

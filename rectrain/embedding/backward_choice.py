@@ -7,7 +7,7 @@ self-check, FBGEMM's elsewhere.
 
 Why a rule and not a timing calibration: on every CPU class measured ours was faster than FBGEMM's backward
 or about as fast (within 5 %; once 6.5 %, before the L2 prefetch below) in ``bench/embedding_bag.py`` (8 x
-100k x 64 tables, batch 2048, row-wise Adagrad; the README names each machine):
+100k x 64 tables, batch 2048, row-wise Adagrad; docs/benchmarks.md names each machine):
 - Intel Xeon with AVX-512 + AVX512-BF16 + AMX (family 6 model 167), 2 cores: raw FBGEMM 134 ms per step,
   ours 29 ms (issue 34);
 - Intel Xeon @ 2.8 GHz with AVX-512, no AMX, quiet: FBGEMM 43.6 ms, ours 45.4 ms (4 % slower);
@@ -18,8 +18,8 @@ or about as fast (within 5 %; once 6.5 %, before the L2 prefetch below) in ``ben
   before); at two threads 0.16-0.6x as load came and went (FBGEMM's OpenMP threads spin while a core is
   taken: 240-310 ms of CPU per step against ours 43-46 ms), and 1.065x in one quieter run before the L2
   prefetch.
-FBGEMM's step also varies several-fold between runs on one class (raw FBGEMM 15.6 ms on the README's AMX
-machine, 134 ms on issue 34's).
+FBGEMM's step also varies several-fold between runs on one class (raw FBGEMM 15.6 ms on the AMX machine of
+docs/benchmarks.md, 134 ms on issue 34's).
 A calibration at start would largely measure the load of that moment, and make a run's kernel, and so its
 bits, depend on it; the rule gives the same kernel for a given machine and config every time. A class on
 which FBGEMM is measured clearly faster would belong here as an exception.

@@ -4,8 +4,8 @@ FBGEMM's training TBE cannot be traced by the PT2 tracers (its CPU lookup has no
 Python wrapper reads tensor values). While a PT2 tracer runs, the collections therefore look their tables up
 with ``embedding_bag``/``embedding`` over the very same weights (``embedding_bags.<table>.weight`` alias the
 TBE storage), as TorchRec's unsharded modules do: the outputs are the same. What the traced program does not
-do is run the fused optimizer: the tables receive no update from its backward (see README, "Differences from
-TorchRec"). Eager calls and ``torch.fx`` graphs keep the FBGEMM path.
+do is run the fused optimizer: the tables receive no update from its backward (see docs/torchrec.md,
+"Differences from TorchRec"). Eager calls and ``torch.fx`` graphs keep the FBGEMM path.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each test starts real ``torchrun`` nodes that run the real ``rectrain train`` command, so ``LOCAL_WORLD_SIZE``
 differs from ``WORLD_SIZE`` as on a cluster: the planner reads the host layout from the environment and
-table-row-wise tables are sharded within a host. The README's "Several hosts" lines and the Kubernetes Job's
-exact command line run as two nodes each.
+table-row-wise tables are sharded within a host. The "Several hosts" lines of docs/training.md and the
+Kubernetes Job's exact command line run as two nodes each.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ def check_table_row_wise(manifest, hosts: int, local: int) -> None:
     assert used_hosts == set(range(hosts)), "the planner spreads the tables over the hosts"
 
 
-def readme_several_hosts() -> tuple[dict[str, str], list[str]]:
-    """The README's "Several hosts" lines: the variables it exports and the torchrun command (as argv)."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Several hosts") :]
+def documented_several_hosts() -> tuple[dict[str, str], list[str]]:
+    """docs/training.md's "Several hosts" lines: the variables they export and the torchrun command."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("## Several hosts") :]
     start = section.index("```bash") + len("```bash")
     lines = section[start : section.index("```", start)].replace("\\\n", " ").splitlines()
     exports = [line.split("#")[0].split(None, 1)[1].strip() for line in lines if line.startswith("export ")]
@@ -76,8 +76,8 @@ def readme_several_hosts() -> tuple[dict[str, str], list[str]]:
 
 
 @pytest.mark.slow
-def test_two_nodes_of_two_ranks_run_the_readme_lines_with_table_row_wise_tables(tmp_path):
-    exports, argv = readme_several_hosts()
+def test_two_nodes_of_two_ranks_run_the_documented_lines_with_table_row_wise_tables(tmp_path):
+    exports, argv = documented_several_hosts()
     assert (argv[argv.index("--nnodes") + 1], argv[argv.index("--nproc-per-node") + 1]) == ("2", "2")
     endpoint = argv.index("--rdzv-endpoint") + 1
     assert argv[endpoint] == "head-node:29400"
