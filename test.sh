@@ -22,7 +22,8 @@ run_pytest() {
   source scripts/venv.sh test
   ruff check .
   ruff format --check .
-  run_pytest "$@"
+  # One pytest process per core (pytest-xdist): most slow tests wait on subprocesses, sockets and timeouts.
+  run_pytest -n "${RECTRAIN_TEST_PROCESSES:-auto}" "$@"
 )
 if [ -z "${RECTRAIN_SKIP_TRITON_ENV:-}" ]; then
   (

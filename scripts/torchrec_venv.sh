@@ -6,6 +6,10 @@
 # beside the few packages it really imports.
 set -euo pipefail
 V="${RECTRAIN_TORCHREC_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rectrain/torchrec-venv}"
+# Tests run in parallel (pytest-xdist) may ask at once: one builds, the others wait for it.
+mkdir -p "$(dirname "$V")"
+exec 9>"$V.lock"
+flock 9
 if [ -x "$V/bin/python" ] && "$V/bin/python" -c "import torchrec, safetensors" 2>/dev/null; then
   echo "$V"
   exit 0
