@@ -3,8 +3,8 @@
 The same job (``golden_training_parity_job.py``: DLRM, ``apply_optimizer_in_backward(RowWiseAdagrad)`` on the
 tables, ``DistributedModelParallel`` on one gloo rank, ``KeyedOptimizerWrapper(Adagrad)`` for the rest,
 ``TrainPipelineSparseDist``) runs in the TorchRec reference venv and here, from TorchRec's state after
-``DistributedModelParallel`` on the same ``RandomRecDataset`` batches; the losses agree within 1e-4 for 20 steps
-and the tables end up the same.
+``DistributedModelParallel`` on the same ``RandomRecDataset`` batches; the losses agree within 1e-4 for 20
+steps and the tables end up the same.
 """
 
 from __future__ import annotations
