@@ -30,9 +30,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _local(value: torch.Tensor) -> torch.Tensor:
-    # One rank holds every shard of a table: its only local shard is the whole table.
-    return value.local_tensor() if hasattr(value, "local_tensor") else value
+def _full(value: torch.Tensor) -> torch.Tensor | None:
+    """The whole tensor on rank 0 (a sharded table gathered from every rank); None on the other ranks."""
+    if not hasattr(value, "local_shards"):
+        return value.detach().clone() if dist.get_rank() == 0 else None
+    out = torch.empty(value.size()) if dist.get_rank() == 0 else None
+    value.gather(dst=0, out=out)
+    return out
+
+
+def _load(value: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy ``full`` into the live tensor (each local shard its rectangle of it)."""
+    if not hasattr(value, "local_shards"):
+        value.copy_(full)
+        return
+    for shard in value.local_shards():
+        (r, c), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+        shard.tensor.copy_(full[r : r + rows, c : c + cols])
 
 
 def _batches(package: str, saved: list[dict[str, torch.Tensor]], keys: list[str]) -> list:
@@ -58,7 +72,7 @@ def _dataset(package: str, keys: list[str], num_dense: int) -> list[dict[str, to
         )
     )
     out = []
-    for _ in range(STEPS):
+    for _ in range(STEPS * dist.get_world_size()):
         b = next(it)
         kjt = b.sparse_features
         out.append(
@@ -79,9 +93,13 @@ def main(package: str, out: Path) -> None:
     optimizers = importlib.import_module(f"{package}.optim.optimizers")
     rowwise = importlib.import_module(f"{package}.optim.rowwise_adagrad")
 
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    if "RANK" not in os.environ:  # one rank, without torchrun
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
     dist.init_process_group(backend="gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    # TorchRec's default; rectrain's is off (docs/torchrec.md): at one rank it changes nothing.
+    importlib.import_module(f"{package}.distributed.comm_ops").set_gradient_division(True)
     keys, num_dense = list(criteo.DEFAULT_CAT_NAMES), len(criteo.DEFAULT_INT_NAMES)
     tables = [
         configs.EmbeddingBagConfig(
@@ -107,31 +125,38 @@ def main(package: str, out: Path) -> None:
         module=train_model, device=cpu, sharders=[embeddingbag.EmbeddingBagCollectionSharder()]
     )
     # Both libraries' DMP initialise the sharded tables afresh, so the shared start is the first run's state
-    # after DMP, copied into the live tensors that the state dict views.
-    state = {k: _local(v) for k, v in model.state_dict().items()}
-    start = out / "initial.pt"
+    # after DMP (whole tables), copied into the live tensors that the state dict views.
+    state = model.state_dict()
+    start = out / f"initial{world_size}.pt"
     if not start.exists():
+        full = {k: _full(v) for k, v in state.items()}
         torch.manual_seed(1)
         data = _dataset(package, keys, num_dense)
-        torch.save({"state": {k: v.clone() for k, v in state.items()}, "data": data}, start)
+        if rank == 0:
+            torch.save({"state": full, "data": data}, start)
+    dist.barrier()
     saved = torch.load(start)
     assert saved["state"].keys() == state.keys(), sorted(saved["state"].keys() ^ state.keys())
     with torch.no_grad():
         for key, value in saved["state"].items():
-            state[key].copy_(value)
-    assert all(torch.equal(_local(v), saved["state"][k]) for k, v in model.state_dict().items())
+            _load(state[key], value)
+    loaded = {k: _full(v) for k, v in model.state_dict().items()}
+    assert rank or all(torch.equal(loaded[k], v) for k, v in saved["state"].items())
     dense_optimizer = keyed.KeyedOptimizerWrapper(
         dict(optimizers.in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=LR),
     )
     pipeline = distributed.TrainPipelineSparseDist(model, dense_optimizer, cpu)
-    batches = iter(_batches(package, saved["data"], keys))
+    batches = iter(_batches(package, saved["data"][rank::world_size], keys))
     losses = []
     for _ in range(STEPS):
         # progress returns the model's second output: DLRMTrain's (loss, logits, labels), detached.
         losses.append(pipeline.progress(batches)[0].item())
-    tables_after = {k: _local(v).clone() for k, v in model.state_dict().items() if "embedding_bags" in k}
-    torch.save({"losses": losses, "tables": tables_after}, out / f"{package}.pt")
+    tables_after = {k: _full(v) for k, v in model.state_dict().items() if "embedding_bags" in k}
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, losses)
+    if rank == 0:  # losses[rank][step]: each rank's loss on its own batch
+        torch.save({"losses": gathered, "tables": tables_after}, out / f"{package}{world_size}.pt")
     dist.destroy_process_group()
 
 
