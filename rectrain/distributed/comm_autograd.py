@@ -37,7 +37,8 @@ def get_gradient_division() -> bool:
     return _gradient_division["on"]
 
 
-def _divided(grad: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+def divided_gradient(grad: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    """``grad`` divided (in place) by the group's size when gradient division is on."""
     return grad.div_(dist.get_world_size(group)) if _gradient_division["on"] else grad
 
 
@@ -76,7 +77,7 @@ class AllToAllSingle(Function):
             dist.all_to_all_single(
                 grad_in, grad.contiguous(), input_split_sizes, output_split_sizes, ctx.group
             )
-        return None, _divided(grad_in, ctx.group), None, None, None
+        return None, divided_gradient(grad_in, ctx.group), None, None, None
 
 
 class AllGatherEven(Function):
@@ -96,7 +97,7 @@ class AllGatherEven(Function):
         grad_in = grad.new_empty((grad.shape[0] // world_size, *grad.shape[1:]))
         with collective("reduce_scatter (all_gather backward)", ctx.group):
             dist.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
-        return None, _divided(grad_in, ctx.group), None
+        return None, divided_gradient(grad_in, ctx.group), None
 
 
 class ReduceScatterEven(Function):
@@ -119,7 +120,7 @@ class ReduceScatterEven(Function):
         grad_in = grad.new_empty((world_size * grad.shape[0], *grad.shape[1:]))
         with collective("all_gather (reduce_scatter backward)", ctx.group):
             dist.all_gather_single(grad_in, grad.contiguous(), ctx.group)
-        return None, _divided(grad_in, ctx.group), None
+        return None, divided_gradient(grad_in, ctx.group), None
 
 
 def comm_device(group: dist.ProcessGroup | None) -> torch.device:

@@ -22,6 +22,7 @@ from typing import Any
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 
+from rectrain.embedding import layout
 from rectrain.embedding.config import DataType, PoolingType
 from rectrain.planner.types import EmbeddingComputeKernel
 
@@ -193,11 +194,10 @@ def _group_key(table: ShardedEmbeddingTable, inference: bool) -> tuple:
 
 def _group_rank(tables: list[ShardedEmbeddingTable]) -> list[GroupedEmbeddingConfig]:
     inference = _all_tables_are_quant_kernel(tables)
-    groups: dict[tuple, list[ShardedEmbeddingTable]] = {}
-    for table in tables:
-        groups.setdefault(_group_key(table, inference), []).append(table)  # first-seen order
     configs = []
-    for key, members in groups.items():
+    for indices in layout.group_tables(tables, key=lambda t: _group_key(t, inference)):  # first-seen order
+        members = [tables[i] for i in indices]
+        key = _group_key(members[0], inference)
         data_type, pooling, has_processor, params, kernel = key[:5]
         kernel_params = {k: v for k, v in params if k not in _NOT_KERNEL_PARAMS}
         cache_load_factor = _get_weighted_avg_cache_load_factor(members)
