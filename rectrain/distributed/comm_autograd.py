@@ -23,6 +23,25 @@ from torch.autograd import Function
 from rectrain import compat
 from rectrain.distributed.timeouts import collective
 
+# TorchRec's process-wide switch (``torchrec.distributed.comm_ops.set_gradient_division``, set through
+# ``rectrain.distributed.comm_ops``): when on, every backward here divides by the group's size, so the
+# sharded tables get the gradient of the mean of the ranks' losses, as DDP gives the dense part. Off by
+# default: rectrain's tables get the gradient of the sum (TorchRec's default is on).
+_gradient_division = {"on": False}
+
+
+def set_gradient_division(value: bool) -> None:
+    _gradient_division["on"] = bool(value)
+
+
+def get_gradient_division() -> bool:
+    return _gradient_division["on"]
+
+
+def divided_gradient(grad: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    """``grad`` divided (in place) by the group's size when gradient division is on."""
+    return grad.div_(dist.get_world_size(group)) if _gradient_division["on"] else grad
+
 
 @dataclass
 class WorkBox:
@@ -59,7 +78,7 @@ class AllToAllSingle(Function):
             dist.all_to_all_single(
                 grad_in, grad.contiguous(), input_split_sizes, output_split_sizes, ctx.group
             )
-        return None, grad_in, None, None, None
+        return None, divided_gradient(grad_in, ctx.group), None, None, None
 
 
 class AllGatherEven(Function):
@@ -79,7 +98,7 @@ class AllGatherEven(Function):
         grad_in = grad.new_empty((grad.shape[0] // world_size, *grad.shape[1:]))
         with collective("reduce_scatter (all_gather backward)", ctx.group):
             compat.reduce_scatter_single(grad_in, grad.contiguous(), dist.ReduceOp.SUM, ctx.group)
-        return None, grad_in, None
+        return None, divided_gradient(grad_in, ctx.group), None
 
 
 class ReduceScatterEven(Function):
@@ -102,7 +121,7 @@ class ReduceScatterEven(Function):
         grad_in = grad.new_empty((world_size * grad.shape[0], *grad.shape[1:]))
         with collective("all_gather (reduce_scatter backward)", ctx.group):
             compat.all_gather_single(grad_in, grad.contiguous(), ctx.group)
-        return None, grad_in, None
+        return None, divided_gradient(grad_in, ctx.group), None
 
 
 def comm_device(group: dist.ProcessGroup | None) -> torch.device:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from rectrain.distributed import comm
+from rectrain.distributed.comm_autograd import divided_gradient
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import FeatureSelector, LocalFeatures, to_shard_input
 from rectrain.distributed.shard_lookup import lookup
@@ -43,7 +44,7 @@ class _LocalRowsWithGlobalGrad(Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         full = comm.all_gather_v(grad.contiguous(), ctx.sizes, ctx.group)
-        return full, None, None, None
+        return divided_gradient(full, ctx.group), None, None, None
 
 
 def gather_global_batch(

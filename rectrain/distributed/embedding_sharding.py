@@ -1,5 +1,5 @@
-"""Row-wise bucketing of a KeyedJaggedTensor (``torchrec.distributed.embedding_sharding``'s
-``bucketize_kjt_before_all2all``).
+"""``torchrec.distributed.embedding_sharding`` at rectrain's path: row-wise bucketing of a KeyedJaggedTensor
+(``bucketize_kjt_before_all2all``), and TorchRec's names for grouping shards into kernels (``group_tables``).
 
 Before a row-wise input distribution, each id is assigned to the bucket (rank) whose block of rows holds
 it: ``id // block_size`` of its feature, through FBGEMM's ``block_bucketize_sparse_features``. The result
@@ -11,6 +11,8 @@ import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm
 import torch
 from torch import Tensor
 
+from rectrain.distributed import table_groups
+from rectrain.distributed.sharding_contexts import set_sharding_context_post_a2a
 from rectrain.sparse import KeyedJaggedTensor
 
 
@@ -96,3 +98,13 @@ def bucketize_kjt_before_all2all(
         keep_orig_idx=keep_original_indices,
     )
     return _bucketed_kjt(kjt, num_buckets, ids, lengths, positions if bucketize_pos else weights), permute
+
+
+# TorchRec's names for the kernel-grouping rules (``rectrain.distributed.table_groups``) and the
+# post-all-to-all context update (``rectrain.distributed.sharding_contexts``), at TorchRec's path.
+_get_weighted_avg_cache_load_factor = table_groups._get_weighted_avg_cache_load_factor
+_get_grouping_fused_params = table_groups._get_grouping_fused_params
+_get_compute_kernel_type = table_groups._get_compute_kernel_type
+_prefetch_and_cached = table_groups._prefetch_and_cached
+group_tables = table_groups.group_tables
+_set_sharding_context_post_a2a = set_sharding_context_post_a2a

@@ -1,7 +1,16 @@
-"""``torchrec.distributed.embedding_types`` at rectrain's path: the compute kernels a plan names, and
-``KJTList``."""
+"""``torchrec.distributed.embedding_types`` at rectrain's path: the compute kernels a plan names, ``KJTList``,
+the shard descriptions that kernels are grouped by, and the sharded-module base class."""
 
 from rectrain.distributed.kjt_list import KJTList
+from rectrain.distributed.sharded_module import ShardedEmbeddingModule, ShardedModule
+from rectrain.distributed.table_groups import GroupedEmbeddingConfig, ShardedEmbeddingTable
 from rectrain.planner.types import EmbeddingComputeKernel
 
-__all__ = ["EmbeddingComputeKernel", "KJTList"]
+__all__ = [
+    "EmbeddingComputeKernel",
+    "GroupedEmbeddingConfig",
+    "KJTList",
+    "ShardedEmbeddingModule",
+    "ShardedEmbeddingTable",
+    "ShardedModule",
+]

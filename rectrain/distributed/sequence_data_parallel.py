@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from rectrain.distributed import comm
+from rectrain.distributed.comm_autograd import divided_gradient
 from rectrain.distributed.data_parallel import gather_global_batch
 from rectrain.distributed.env import ShardingEnv
 from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
@@ -47,7 +48,7 @@ class _OwnBlocksWithGlobalGrad(Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         world = dist.get_world_size(ctx.group)
         per_rank = [sum(row[q] for row in ctx.sizes) for q in range(world)]
-        gathered = comm.all_gather_v(grad.contiguous(), per_rank, ctx.group)
+        gathered = divided_gradient(comm.all_gather_v(grad.contiguous(), per_rank, ctx.group), ctx.group)
         by_rank = [[row[q] for row in ctx.sizes] for q in range(world)]
         return transpose_blocks(gathered, by_rank), None, None
 

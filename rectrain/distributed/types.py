@@ -1,8 +1,26 @@
-"""``torchrec.distributed.types`` at rectrain's path: the plan's vocabulary and the world a rank runs in."""
+"""``torchrec.distributed.types`` at rectrain's path: the plan's vocabulary, the world a rank runs in, torch's
+shard metadata, and the awaitables and module base class of TorchRec's sharded-module protocol."""
 
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+
+from rectrain.distributed.awaitable import Awaitable, LazyAwaitable, NoWait
 from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.sharded_module import ShardedModule
 from rectrain.distributed.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.types import ParameterSharding, ShardingType
 
-__all__ = ["ModuleSharder", "ParameterSharding", "ShardingEnv", "ShardingPlan", "ShardingType"]
+__all__ = [
+    "Awaitable",
+    "LazyAwaitable",
+    "ModuleSharder",
+    "NoWait",
+    "ParameterSharding",
+    "ShardMetadata",
+    "ShardedModule",
+    "ShardedTensorMetadata",
+    "ShardingEnv",
+    "ShardingPlan",
+    "ShardingType",
+]

@@ -1,5 +1,7 @@
 """``torchrec.modules.embedding_configs`` at rectrain's path (implemented in ``rectrain.embedding``)."""
 
+from dataclasses import dataclass
+
 from rectrain.embedding.config import (
     BaseEmbeddingConfig,
     DataType,
@@ -17,5 +19,22 @@ __all__ = [
     "EmbeddingBagConfig",
     "EmbeddingConfig",
     "FusedOptimizerConfig",
+    "NoEvictionPolicy",
     "PoolingType",
+    "VirtualTableEvictionPolicy",
 ]
+
+
+@dataclass
+class VirtualTableEvictionPolicy:
+    """TorchRec's eviction policy of a virtual (key-value) table. rectrain runs no key-value kernel (see
+    ``EmbeddingComputeKernel.unsupported_reason``), so a policy describes a table it would refuse to shard."""
+
+    meta_header_len: int = 0
+    embedding_dim: int = 0
+    initialized: bool = False
+
+
+@dataclass
+class NoEvictionPolicy(VirtualTableEvictionPolicy):
+    """A virtual table that never evicts."""

@@ -22,7 +22,7 @@ from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import EmbeddingComputeKernel, Shard, ShardingType
+from rectrain.planner.types import RUNNABLE_KERNELS, EmbeddingComputeKernel, Shard, ShardingType
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +100,13 @@ class EmbeddingEnumerator:
     ) -> list[ShardingOption]:
         features = constraint.per_feature(table, self._batch_size)
         allowed_types = constraint.sharding_types or list(ShardingType)
-        allowed_kernels = constraint.compute_kernels or list(EmbeddingComputeKernel)
+        allowed_kernels = constraint.compute_kernels or list(RUNNABLE_KERNELS)
         options = []
         for sharding_type in ShardingType:
             if sharding_type not in allowed_types:
                 continue
             for shards in self._shapes(table, sharding_type, constraint):
-                for kernel in EmbeddingComputeKernel:
+                for kernel in RUNNABLE_KERNELS:
                     if kernel in allowed_kernels and _kernel_fits(sharding_type, kernel):
                         options.append(
                             ShardingOption(module_path, table, sharding_type, kernel, shards, features)
@@ -116,7 +116,8 @@ class EmbeddingEnumerator:
     def _refusals(self, table: BaseEmbeddingConfig, constraint: ParameterConstraints) -> list[str]:
         """Why each allowed sharding type has no option (the reasons TorchRec's enumerator has too)."""
         reasons = []
-        allowed_kernels = constraint.compute_kernels or list(EmbeddingComputeKernel)
+        allowed_kernels = constraint.compute_kernels or list(RUNNABLE_KERNELS)
+        reasons += [k.unsupported_reason for k in allowed_kernels if k.unsupported_reason]
         for kind in constraint.sharding_types or list(ShardingType):
             if not self._shapes(table, kind, constraint):
                 parts = self._topology.world_size if kind == ShardingType.ROW_WISE else None
@@ -193,6 +194,8 @@ def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) ->
     # A replicated table needs its gradient materialised for the all-reduce, so only the dense kernel; a
     # routed shard is updated in backward by the fused kernel (TorchRec's sharders offer the same pairs, so
     # compute_kernels=["dense"] makes a table data-parallel, as in TorchRec).
+    if kernel not in RUNNABLE_KERNELS:
+        return False
     return (sharding_type == ShardingType.DATA_PARALLEL) == (kernel == EmbeddingComputeKernel.DENSE)
 
 

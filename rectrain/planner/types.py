@@ -33,13 +33,52 @@ class EmbeddingComputeKernel(str, Enum):
     ``fused``: FBGEMM table-batched embedding with the optimizer applied inside backward (no gradient tensor).
     ``dense``: a plain weight with a materialised gradient, stepped by a regular optimizer (the only kernel
     data-parallel tables use, because their gradient must be all-reduced).
+
+    The other members are TorchRec's names for kernels rectrain does not run (``RUNNABLE_KERNELS`` are the
+    ones it does): they parse, so TorchRec code and constraints that name them port, the planner never
+    proposes them, and a plan that uses one is refused with ``unsupported_reason``.
     """
 
     DENSE = "dense"
     FUSED = "fused"
+    FUSED_UVM = "fused_uvm"
+    FUSED_UVM_CACHING = "fused_uvm_caching"
+    QUANT = "quant"
+    QUANT_UVM = "quant_uvm"
+    QUANT_UVM_CACHING = "quant_uvm_caching"
+    KEY_VALUE = "key_value"
+    CUSTOMIZED_KERNEL = "customized_kernel"
+    SSD_VIRTUAL_TABLE = "ssd_virtual_table"
+    DRAM_VIRTUAL_TABLE = "dram_virtual_table"
+    DRAM_SSD_VIRTUAL_TABLE = "dram_ssd_virtual_table"
+    FUSED_TRITON = "fused_triton"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def unsupported_reason(self) -> str | None:
+        """Why rectrain cannot run this kernel (None for the kernels it runs)."""
+        if self in RUNNABLE_KERNELS:
+            return None
+        what = _UNSUPPORTED[self.value]
+        return f"compute kernel {self.value!r} ({what}) is TorchRec's; rectrain runs only 'dense' and 'fused'"
+
+
+_UNSUPPORTED = {
+    "fused_uvm": "tables in host memory read through CUDA unified memory",
+    "fused_uvm_caching": "tables in host memory behind a GPU cache",
+    "quant": "quantized inference tables; rectrain serves them through recserve",
+    "quant_uvm": "quantized inference tables in unified memory",
+    "quant_uvm_caching": "quantized inference tables behind a GPU cache",
+    "key_value": "SSD key-value storage",
+    "customized_kernel": "a user-registered kernel",
+    "ssd_virtual_table": "an SSD-backed virtual table",
+    "dram_virtual_table": "a host-memory key-value virtual table",
+    "dram_ssd_virtual_table": "a host-memory and SSD key-value virtual table",
+    "fused_triton": "Triton table-batched embeddings",
+}
+RUNNABLE_KERNELS = (EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED)
 
 
 @dataclass(frozen=True)
@@ -94,6 +133,8 @@ class ParameterSharding:
         except ValueError:
             names = ", ".join(k.value for k in EmbeddingComputeKernel)
             raise ConfigError(f"compute_kernel must be one of {names}; got {self.compute_kernel!r}") from None
+        if self.compute_kernel.unsupported_reason:
+            raise ConfigError(self.compute_kernel.unsupported_reason)
         if self.ranks is not None:
             self.ranks = list(self.ranks)
         if self.sharding_spec is not None:

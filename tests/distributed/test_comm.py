@@ -211,3 +211,24 @@ def test_collectives_match_single_process_math(world_size):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank")
 def test_collectives_match_single_process_math_on_nccl():
     assert run_multiprocess(_run_all_checks, 2, "cuda", backend="nccl") == [0, 1]
+
+
+def _gradients_with_and_without_division(env: ShardingEnv) -> list[Tensor]:
+    from rectrain.distributed.comm_ops import get_gradient_division, set_gradient_division
+
+    grads = []
+    for divide in (False, True):
+        set_gradient_division(divide)
+        assert get_gradient_division() is divide
+        x = torch.full((env.world_size, 2), float(env.rank + 1), requires_grad=True)
+        out = all_to_all_single(x, [1] * env.world_size, [1] * env.world_size)
+        (out * 3).sum().backward()
+        grads.append(x.grad)
+    set_gradient_division(False)
+    return grads
+
+
+def test_gradient_division_divides_the_backward_by_the_world_size():
+    # TorchRec's comm_ops switch: the gradient of the mean of the ranks' losses instead of their sum.
+    for plain, divided in run_multiprocess(_gradients_with_and_without_division, 2):
+        assert torch.equal(plain, torch.full((2, 2), 3.0)) and torch.equal(divided, torch.full((2, 2), 1.5))

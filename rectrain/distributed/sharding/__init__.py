@@ -1,0 +1,1 @@
+"""``torchrec.distributed.sharding`` at rectrain's path."""
