@@ -14,6 +14,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -55,9 +56,23 @@ def resolve_workers(value: str | int, device: str, ports: Sequence[int]) -> int:
     return cpus
 
 
-def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] | None) -> None:
+def _stop_with_parent(parent: int) -> None:
+    """SIGTERM this worker (it drains, as on a normal stop) once ``parent`` is gone: a parent killed with
+    SIGKILL cannot stop its workers, and orphans would go on holding the shared port."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        logger.warning("the parent process %d is gone; stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] | None, parent: int) -> None:
     logging.basicConfig(format=f"%(asctime)s worker{index} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("recserve").setLevel(log_level)
+    _stop_with_parent(parent)
     if cpus is not None:
         # Before torch starts its threads: they, the gRPC threads and the batch thread inherit it.
         try:
@@ -122,7 +137,7 @@ def _serve_workers(cfg: ServeConfig) -> int:
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(configs[i], i, level, None if groups is None else groups[i]),
+                args=(configs[i], i, level, None if groups is None else groups[i], os.getpid()),
                 name=f"recserve-worker{i}",
             )
             for i in range(cfg.workers)

@@ -117,6 +117,34 @@ def test_two_workers_share_one_port_and_one_metrics_page(package):
     assert proc.stdout.read().count("drained and stopped") == 2
 
 
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state  # exited, not yet reaped by its new parent
+
+
+@pytest.mark.slow
+def test_workers_stop_when_the_parent_is_killed(package):
+    port = free_port()
+    proc = start_serve(
+        "--package", str(package), "--port", str(port), "--metrics-port", "-1", "--workers", "2"
+    )
+    try:
+        wait_serving(PredictorClient(f"127.0.0.1:{port}"), proc)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(workers) == 2
+    finally:
+        proc.kill()  # SIGKILL: the parent cannot pass the stop on
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(_gone(w) for w in workers):
+        time.sleep(0.2)
+    assert all(_gone(w) for w in workers), "orphaned workers still running"
+
+
 @pytest.mark.slow
 def test_model_calls_and_statistics_reach_every_worker_whichever_one_gets_the_call(packages, tmp_path):
     """With 2 workers, admin reload and Triton's repository unload/load change the model of both before
