@@ -175,14 +175,9 @@ class LFU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's name
         return evicted, chosen
 
 
-class LRU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's name
-    """Keep the most recently seen ids; ``decay_exponent`` shapes the score, not the order."""
-
-    def __init__(
-        self, decay_exponent: float = 1.0, threshold_filtering_func: ThresholdFilter | None = None
-    ) -> None:
-        super().__init__([MCHEvictionPolicyMetadataInfo(_LAST_ACCESS, True, True)], threshold_filtering_func)
-        self._decay_exponent = decay_exponent
+class _LastAccessPolicy(MCHEvictionPolicy):
+    """A policy whose history is when each id was last seen (LRU, DistanceLFU): the batch's ids are stamped
+    with the iteration and coalesced to one stamp per unique id."""
 
     def record_history_metadata(
         self, current_iter: int, incoming_ids: Tensor, history_metadata: dict[str, Tensor]
@@ -206,6 +201,16 @@ class LRU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's name
             additional_ids,
             threshold_mask,
         )
+
+
+class LRU_EvictionPolicy(_LastAccessPolicy):  # noqa: N801 - TorchRec's name
+    """Keep the most recently seen ids; ``decay_exponent`` shapes the score, not the order."""
+
+    def __init__(
+        self, decay_exponent: float = 1.0, threshold_filtering_func: ThresholdFilter | None = None
+    ) -> None:
+        super().__init__([MCHEvictionPolicyMetadataInfo(_LAST_ACCESS, True, True)], threshold_filtering_func)
+        self._decay_exponent = decay_exponent
 
     def update_metadata_and_generate_eviction_scores(
         self,
@@ -230,7 +235,7 @@ class LRU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's name
         return evicted, chosen
 
 
-class DistanceLFU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's name
+class DistanceLFU_EvictionPolicy(_LastAccessPolicy):  # noqa: N801 - TorchRec's name
     """Keep ids by count divided by ``(steps since last seen + 1) ** decay_exponent``."""
 
     def __init__(
@@ -244,29 +249,6 @@ class DistanceLFU_EvictionPolicy(MCHEvictionPolicy):  # noqa: N801 - TorchRec's 
             threshold_filtering_func,
         )
         self._decay_exponent = decay_exponent
-
-    def record_history_metadata(
-        self, current_iter: int, incoming_ids: Tensor, history_metadata: dict[str, Tensor]
-    ) -> None:
-        history_metadata[_LAST_ACCESS][:] = current_iter
-
-    def coalesce_history_metadata(
-        self,
-        current_iter: int,
-        history_metadata: dict[str, Tensor],
-        unique_ids_counts: Tensor,
-        unique_inverse_mapping: Tensor,
-        additional_ids: Tensor | None = None,
-        threshold_mask: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        return _last_access_of_unique(
-            current_iter,
-            history_metadata,
-            unique_ids_counts,
-            unique_inverse_mapping,
-            additional_ids,
-            threshold_mask,
-        )
 
     def update_metadata_and_generate_eviction_scores(
         self,
