@@ -33,6 +33,11 @@ SETTINGS = [
 ]
 
 
+def _tensor(path: Path) -> torch.Tensor:
+    """A written .npy file as a tensor (same dtype), so the results load with torch's weights-only loader."""
+    return torch.from_numpy(np.load(path))
+
+
 def _write_days(folder: Path) -> None:
     rng = np.random.default_rng(0)
     for day, rows in enumerate(ROWS):
@@ -64,14 +69,14 @@ def main(package: str, folder: Path) -> None:
     out = Path(tempfile.mkdtemp())
     tools = criteo.BinaryCriteoUtils
     tools.tsv_to_npys(str(folder / "day_x.tsv"), str(out / "a.npy"), str(out / "b.npy"), str(out / "c.npy"))
-    results["tsv_to_npys"] = [np.load(out / f"{name}.npy") for name in "abc"]
+    results["tsv_to_npys"] = [_tensor(out / f"{name}.npy") for name in "abc"]
     tools.sparse_to_contiguous(paths[1], str(out), 2)
-    results["contiguous"] = [np.load(out / f"day_{d}_sparse_contig_freq.npy") for d in range(3)]
+    results["contiguous"] = [_tensor(out / f"day_{d}_sparse_contig_freq.npy") for d in range(3)]
     tools.shuffle(
         str(folder), str(folder), str(out), {0: ROWS[0], 1: ROWS[1]}, None, 3, 13, 26, random_seed=5
     )
     results["shuffle"] = [
-        np.load(out / f"day_{d}_{k}.npy") for d in range(3) for k in ("dense", "sparse", "labels")
+        _tensor(out / f"day_{d}_{k}.npy") for d in range(3) for k in ("dense", "sparse", "labels")
     ]
     torch.save(results, folder / f"{package}.pt")
 

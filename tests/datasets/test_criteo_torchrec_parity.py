@@ -41,8 +41,8 @@ def _same(a, b) -> bool:
 def test_criteo_npy_tools_match_torchrec(tmp_path):
     _run(str(torchrec_venv() / "bin" / "python"), "torchrec", tmp_path, None)
     _run(sys.executable, "rectrain", tmp_path, str(ROOT))
-    theirs = torch.load(tmp_path / "torchrec.pt", weights_only=False)
-    ours = torch.load(tmp_path / "rectrain.pt", weights_only=False)
+    theirs = torch.load(tmp_path / "torchrec.pt", weights_only=True)
+    ours = torch.load(tmp_path / "rectrain.pt", weights_only=True)
     assert theirs.keys() == ours.keys()
     for key in theirs:
         assert _same(ours[key], theirs[key]), key
