@@ -157,7 +157,13 @@ def main(package: str, out: Path) -> None:
     dist.all_gather_object(gathered, losses)
     if rank == 0:  # losses[rank][step]: each rank's loss on its own batch
         torch.save({"losses": gathered, "tables": tables_after}, out / f"{package}{world_size}.pt")
+    dist.barrier()
     dist.destroy_process_group()
+    # As tests/export/torchrec_dlrm_job.py: a rank that ran gloo collectives can abort in interpreter
+    # finalization ("terminate called without an active exception"); everything is on disk by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
