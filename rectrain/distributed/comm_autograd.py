@@ -25,9 +25,9 @@ from rectrain.distributed.timeouts import collective
 
 # TorchRec's process-wide switch (``torchrec.distributed.comm_ops.set_gradient_division``, set through
 # ``rectrain.distributed.comm_ops``): when on, every backward here divides by the group's size, so the
-# sharded tables get the gradient of the mean of the ranks' losses, as DDP gives the dense part. Off by
-# default: rectrain's tables get the gradient of the sum (TorchRec's default is on).
-_gradient_division = {"on": False}
+# sharded tables get the gradient of the mean of the ranks' losses, as DDP gives the dense part. On by
+# default, as TorchRec's: a ported program's tables learn at the rate it was tuned for.
+_gradient_division = {"on": True}
 
 
 def set_gradient_division(value: bool) -> None:

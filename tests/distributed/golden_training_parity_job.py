@@ -98,8 +98,6 @@ def main(package: str, out: Path) -> None:
         os.environ["MASTER_PORT"] = str(_free_port())
     dist.init_process_group(backend="gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    # TorchRec's default; rectrain's is off (docs/torchrec.md): at one rank it changes nothing.
-    importlib.import_module(f"{package}.distributed.comm_ops").set_gradient_division(True)
     keys, num_dense = list(criteo.DEFAULT_CAT_NAMES), len(criteo.DEFAULT_INT_NAMES)
     tables = [
         configs.EmbeddingBagConfig(

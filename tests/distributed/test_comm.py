@@ -40,12 +40,14 @@ def _check_forward_backward(
 ) -> None:
     """Compare this rank's output and input gradient with the single-process global computation.
 
-    The loss is sum_r <out_r, w_r> with a random w_r per rank, so every output element gets a distinct weight.
+    The loss is sum_r <out_r, w_r> with a random w_r per rank, so every output element gets a distinct weight;
+    the single-process reference takes its mean over ranks (the backward divides by the world size, as
+    TorchRec's does by default).
     """
     leaves = [x.clone().requires_grad_(True) for x in inputs]
     expected = global_math(leaves)
     weights = [_rand(r, tag + 500, *out.shape, device=out.device) for r, out in enumerate(expected)]
-    sum((out * w).sum() for out, w in zip(expected, weights)).backward()
+    (sum((out * w).sum() for out, w in zip(expected, weights)) / env.world_size).backward()
 
     mine = inputs[env.rank].clone().requires_grad_(True)
     out = distributed(mine)
@@ -217,6 +219,7 @@ def _gradients_with_and_without_division(env: ShardingEnv) -> list[Tensor]:
     from rectrain.distributed.comm_ops import get_gradient_division, set_gradient_division
 
     grads = []
+    default = get_gradient_division()
     for divide in (False, True):
         set_gradient_division(divide)
         assert get_gradient_division() is divide
@@ -224,8 +227,18 @@ def _gradients_with_and_without_division(env: ShardingEnv) -> list[Tensor]:
         out = all_to_all_single(x, [1] * env.world_size, [1] * env.world_size)
         (out * 3).sum().backward()
         grads.append(x.grad)
-    set_gradient_division(False)
+    set_gradient_division(default)
     return grads
+
+
+def _default_gradient_division(env: ShardingEnv) -> bool:
+    from rectrain.distributed.comm_ops import get_gradient_division
+
+    return get_gradient_division()
+
+
+def test_gradient_division_is_on_by_default_as_in_torchrec():
+    assert run_multiprocess(_default_gradient_division, 2) == [True, True]
 
 
 def test_gradient_division_divides_the_backward_by_the_world_size():

@@ -4,8 +4,8 @@ The same job (``golden_training_parity_job.py``: DLRM, ``apply_optimizer_in_back
 tables, ``DistributedModelParallel`` on one gloo rank, ``KeyedOptimizerWrapper(Adagrad)`` for the rest,
 ``TrainPipelineSparseDist``) runs in the TorchRec reference venv and here, at 1 and 2 gloo ranks, from
 TorchRec's state after ``DistributedModelParallel`` on the same ``RandomRecDataset`` batches; every rank's
-losses agree within 1e-4 for 20 steps and the tables end up the same. At 2 ranks the job turns on
-``comm_ops.set_gradient_division`` (TorchRec's default, not rectrain's).
+losses agree within 1e-4 for 20 steps and the tables end up the same. The job changes no setting: at 2 ranks
+both divide the tables' gradient by the world size (``comm_ops`` gradient division, on by default in both).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def _train(env, plan_rows_wise: bool) -> dict:
     dmp = DistributedModelParallel(model, env=env, device="cpu", plan=plan, batch_size=8)
     dense_params = [p for _, p in dmp.named_parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(dense_params, lr=0.05)
-    ref_optimizer = torch.optim.SGD(reference.dense.parameters(), lr=0.05 / env.world_size)
+    ref_optimizer = torch.optim.SGD(reference.dense.parameters(), lr=0.05)
     batch_sizes = [4 + r for r in range(env.world_size)]
     for step in range(5):
         kjt, target = _batch(step, batch_sizes, env.rank)
@@ -87,7 +87,8 @@ def _train(env, plan_rows_wise: bool) -> dict:
         mine = slice(sum(batch_sizes[: env.rank]), sum(batch_sizes[: env.rank + 1]))
         expected = reference(global_kjt)
         ref_optimizer.zero_grad()
-        (expected * global_target).sum().backward()
+        # DDP and the sharded tables both train on the mean of the ranks' losses.
+        ((expected * global_target).sum() / env.world_size).backward()
         ref_optimizer.step()
         got = dmp(kjt)
         optimizer.zero_grad()
@@ -173,7 +174,7 @@ def _sequence(env) -> bool:
             offsets = expected[key].offsets()
             rows = expected[key].values()[int(offsets[mine.start]) : int(offsets[mine.stop])]
             torch.testing.assert_close(jt.values(), rows.detach(), **TOL)
-        sum(v.values().sum() for v in expected.values()).backward()
+        (sum(v.values().sum() for v in expected.values()) / env.world_size).backward()
         sum(v.values().sum() for v in got.values()).backward()
     return sorted(k for k, v in dmp.state_dict().items() if isinstance(v, (ShardedTensor, torch.Tensor)))
 

@@ -90,7 +90,7 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str) -> int:
             )
             torch.testing.assert_close(got[key].weights(), jt.weights()[lo : lo + n])
             loss = loss + (got[key].values() * target[lo : lo + n]).sum()
-        ref_loss.backward()
+        (ref_loss / env.world_size).backward()  # the mean of the ranks' losses, as TorchRec
         loss.backward()
     assert_shards_match(sharded.sharded_state(), reference.state_dict())
     return env.rank
