@@ -83,6 +83,11 @@ def _optimizer_type(value: Any, where: str) -> EmbOptimType:
     raise ConfigError(f"{where}: optimizer {name} has no rectrain kernel; use one of {sorted(_FBGEMM_NAMES)}")
 
 
+def optimizer_type_of(cls: type) -> EmbOptimType | None:
+    """The fused kernel's optimizer for an in-backward optimizer class (None: it has no fused kernel)."""
+    return _CLASSES.get(cls)
+
+
 def config_from_fused_params(params: Mapping[str, Any], where: str) -> FusedOptimizerConfig:
     """A ``FusedOptimizerConfig`` from TorchRec ``fused_params`` (FBGEMM's argument names); unknown or
     unsupported entries raise ConfigError naming them."""

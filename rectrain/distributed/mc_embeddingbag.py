@@ -1,4 +1,4 @@
-"""``torchrec.distributed.mc_embeddingbag`` at rectrain's path: its sharder, refused (see ``mc_sharders``)."""
+"""``torchrec.distributed.mc_embeddingbag`` at rectrain's path: a planning-only sharder (``mc_sharders``)."""
 
 from rectrain.distributed.mc_sharders import ManagedCollisionEmbeddingBagCollectionSharder
 

@@ -1,4 +1,4 @@
-"""``torchrec.distributed.mc_modules`` at rectrain's path: its sharder, refused (see ``mc_sharders``)."""
+"""``torchrec.distributed.mc_modules`` at rectrain's path: its sharder (planning only; ``mc_sharders``)."""
 
 from rectrain.distributed.mc_sharders import ManagedCollisionCollectionSharder
 

@@ -140,6 +140,14 @@ def refuse_managed_collision(module: nn.Module) -> None:
             )
 
 
+def refuse_unsupported_sharders(sharders: list | None) -> None:
+    """Sharders that exist for planning only (the embedding-tower sharders) say why they cannot shard."""
+    for sharder in sharders or []:
+        reason = getattr(sharder, "unsupported_reason", None)
+        if reason:
+            raise ConfigError(f"DistributedModelParallel: {reason}")
+
+
 def check_memory(
     plan: ShardingPlan,
     collections: dict[str, nn.Module],
@@ -249,6 +257,7 @@ class DistributedModelParallel(nn.Module):
         self.env = env
         self.device = torch.device(device) if device is not None else _default_device(env)
         refuse_managed_collision(module)
+        refuse_unsupported_sharders(sharders)
         collections = find_collections(module)
         optimizers = collection_optimizers(collections, sharders)
         if plan is None and collections:

@@ -9,7 +9,7 @@ Quantized communication (``qcomm_codecs_registry``) is refused: rectrain's colle
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import nn
 
@@ -17,12 +17,15 @@ from rectrain.distributed.fused_params import config_from_fused_params
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError
-from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+from rectrain.planner.types import PLANNED_SHARDING_TYPES, EmbeddingComputeKernel, ShardingType
+
+M = TypeVar("M", bound=nn.Module)
 
 
-class BaseEmbeddingSharder:
+class BaseEmbeddingSharder(Generic[M]):
     """Offers every sharding type rectrain plans (TorchRec's CPU sharders offer data-parallel, table-wise and
-    column-wise only) and, per type, the kernel rectrain runs it with."""
+    column-wise only) and, per type, the kernel rectrain runs it with. Generic in the module type, as
+    TorchRec's ``ModuleSharder[M]``, so annotations such as ``ModuleSharder[nn.Module]`` port."""
 
     module_type: type[nn.Module] = nn.Module
 
@@ -39,13 +42,30 @@ class BaseEmbeddingSharder:
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         """The sharding types the planner may pick for this sharder's module type (TorchRec's values)."""
-        return [t.value for t in ShardingType]
+        return [t.value for t in PLANNED_SHARDING_TYPES]
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         """Data-parallel tables train densely (their gradient is all-reduced); others use the fused kernel."""
         if str(sharding_type) == ShardingType.DATA_PARALLEL.value:
             return [EmbeddingComputeKernel.DENSE.value]
         return [EmbeddingComputeKernel.FUSED.value]
+
+    def shardable_parameters(self, module: nn.Module) -> dict[str, nn.Parameter]:
+        """``{table name: weight}`` of the collection's tables (what TorchRec's planner enumerates)."""
+        return table_weights(module)
+
+
+def table_weights(module: nn.Module) -> dict[str, nn.Parameter]:
+    """``{table name: weight}`` of an embedding collection, read from its ``embedding_bags`` /
+    ``embeddings`` (``<table>.weight``, in table order), whether built TorchRec's way or fused."""
+    tables = getattr(module, "embedding_bags", None)
+    if tables is None:
+        tables = getattr(module, "embeddings", None)
+    if not isinstance(tables, nn.Module):
+        raise ConfigError(
+            f"{type(module).__name__} is not an embedding collection: it has no tables to shard"
+        )
+    return {name.split(".")[0]: param for name, param in tables.named_parameters()}
 
 
 class EmbeddingBagCollectionSharder(BaseEmbeddingSharder):

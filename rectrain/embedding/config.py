@@ -46,9 +46,18 @@ class BaseEmbeddingConfig:
     # TorchRec's field: called on blocks of the table's rows (``rectrain.embedding.init``) instead of the
     # uniform draw between weight_init_min and weight_init_max.
     init_fn: Callable[[Any], Any] | None = None
+    # TorchRec's virtual-table fields: a key-value table whose rows are ``total_num_buckets`` buckets of
+    # ``num_embeddings / total_num_buckets`` ids, sharded bucket by bucket. Unsharded, the table is a plain
+    # table (as in TorchRec); TorchRec's enumerator API shards its row-wise options by bucket; rectrain's
+    # planner refuses to plan a virtual table (it runs no key-value kernel).
+    total_num_buckets: int | None = None
+    use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}" if self.name else "embedding config"
+        buckets = self.total_num_buckets
+        if buckets is not None and (not isinstance(buckets, int) or buckets <= 0):
+            raise ConfigError(f"{where}: total_num_buckets must be a positive int, got {buckets!r}")
         if not isinstance(self.num_embeddings, int) or self.num_embeddings <= 0:
             raise ConfigError(f"{where}: num_embeddings must be a positive int, got {self.num_embeddings!r}")
         if not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rectrain.embedding.config import BaseEmbeddingConfig
 from rectrain.errors import ConfigError
@@ -22,6 +23,14 @@ class ParameterConstraints:
     - ``column_wise_shard_dim``: the width of column-wise shards (a multiple of 4); None lets the planner try
       several widths.
     - ``enforce_hbm`` / ``cacheable``: offload preferences, recorded; no kernel uses them yet.
+
+    TorchRec's other fields are accepted so its constraints port; TorchRec's enumerator API
+    (``rectrain.distributed.planner.enumerators``) reads them as TorchRec does, rectrain's planner does
+    not: ``num_poolings`` (poolings per example per feature, for its storage estimate), ``device_group`` (a
+    table constrained to another device type is left out), ``use_virtual_table``, ``is_weighted``,
+    ``feature_names``, ``output_dtype`` and the FBGEMM kernel options ``cache_params``,
+    ``stochastic_rounding``, ``bounds_check_mode``, ``key_value_params`` (carried on the enumerated
+    options; rectrain's kernels take none of them).
     """
 
     sharding_types: list[str] | None = None
@@ -32,6 +41,16 @@ class ParameterConstraints:
     column_wise_shard_dim: int | None = None
     enforce_hbm: bool | None = None
     cacheable: bool | None = None
+    num_poolings: list[float] | None = None
+    is_weighted: bool = False
+    cache_params: Any = None
+    stochastic_rounding: bool | None = None
+    bounds_check_mode: Any = None
+    feature_names: list[str] | None = None
+    output_dtype: Any = None
+    device_group: str | None = None
+    key_value_params: Any = None
+    use_virtual_table: bool = False
 
     def __post_init__(self) -> None:
         if self.sharding_types is not None:
@@ -59,6 +78,12 @@ class ParameterConstraints:
             not isinstance(self.min_partition, int) or self.min_partition <= 0
         ):
             raise ConfigError(f"min_partition must be a positive int, got {self.min_partition!r}")
+        if self.num_poolings is not None:
+            self.num_poolings = [float(p) for p in self.num_poolings]
+            if not self.num_poolings or any(not p > 0 for p in self.num_poolings):
+                raise ConfigError(
+                    f"num_poolings must be a non-empty list of values > 0, got {self.num_poolings}"
+                )
         dim = self.column_wise_shard_dim
         if dim is not None and (not isinstance(dim, int) or dim <= 0 or dim % 4 != 0):
             raise ConfigError(f"column_wise_shard_dim must be a positive multiple of 4, got {dim!r}")

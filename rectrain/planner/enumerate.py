@@ -22,7 +22,13 @@ from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import RUNNABLE_KERNELS, EmbeddingComputeKernel, Shard, ShardingType
+from rectrain.planner.types import (
+    PLANNED_SHARDING_TYPES,
+    RUNNABLE_KERNELS,
+    EmbeddingComputeKernel,
+    Shard,
+    ShardingType,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,10 +105,10 @@ class EmbeddingEnumerator:
         self, module_path: str, table: BaseEmbeddingConfig, constraint: ParameterConstraints
     ) -> list[ShardingOption]:
         features = constraint.per_feature(table, self._batch_size)
-        allowed_types = constraint.sharding_types or list(ShardingType)
+        allowed_types = constraint.sharding_types or list(PLANNED_SHARDING_TYPES)
         allowed_kernels = constraint.compute_kernels or list(RUNNABLE_KERNELS)
         options = []
-        for sharding_type in ShardingType:
+        for sharding_type in PLANNED_SHARDING_TYPES:
             if sharding_type not in allowed_types:
                 continue
             for shards in self._shapes(table, sharding_type, constraint):
@@ -118,8 +124,10 @@ class EmbeddingEnumerator:
         reasons = []
         allowed_kernels = constraint.compute_kernels or list(RUNNABLE_KERNELS)
         reasons += [k.unsupported_reason for k in allowed_kernels if k.unsupported_reason]
-        for kind in constraint.sharding_types or list(ShardingType):
-            if not self._shapes(table, kind, constraint):
+        for kind in constraint.sharding_types or list(PLANNED_SHARDING_TYPES):
+            if kind.unsupported_reason:
+                reasons.append(kind.unsupported_reason)
+            elif not self._shapes(table, kind, constraint):
                 parts = self._topology.world_size if kind == ShardingType.ROW_WISE else None
                 parts = parts or self._topology.local_world_size
                 reasons.append(
@@ -181,7 +189,7 @@ class EmbeddingEnumerator:
 def _narrowed(constraint: ParameterConstraints, offered: list[ShardingType] | None) -> ParameterConstraints:
     if offered is None:
         return constraint
-    allowed = [t for t in constraint.sharding_types or list(ShardingType) if t in offered]
+    allowed = [t for t in constraint.sharding_types or list(PLANNED_SHARDING_TYPES) if t in offered]
     if not allowed:
         raise ConfigError(
             f"no sharding type is both allowed by the constraints ({_names(constraint.sharding_types)}) and "

@@ -40,7 +40,7 @@ from rectrain.planner.proposers import (
 from rectrain.planner.storage import estimate_storage
 from rectrain.planner.tables import collect_tables
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import ParameterSharding, ShardingType
+from rectrain.planner.types import PLANNED_SHARDING_TYPES, ParameterSharding, ShardingType
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _sharder_types(sharders: list | None, compute_device: str) -> list[ShardingT
             raise ConfigError(
                 f"sharders: a {type(sharder).__name__} has no sharding_types(compute_device_type) method"
             )
-        known = {t.value: t for t in ShardingType}
+        known = {t.value: t for t in PLANNED_SHARDING_TYPES}  # TorchRec-only types are never planned
         offered += [
             known[str(v)] for v in method(compute_device) if str(v) in known and known[str(v)] not in offered
         ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rectrain.planner.enumerate import ShardingOption
-from rectrain.planner.types import ShardingType
+from rectrain.planner.types import PLANNED_SHARDING_TYPES, ShardingType
 
 Proposal = tuple[int, ...]
 Score = tuple[float, int]
@@ -48,7 +48,7 @@ def uniform_proposals(options: list[list[ShardingOption]], world_size: int) -> l
     """One proposal per sharding type: every table that allows the type uses its cheapest option of it."""
     fallback = best_perf_proposal(options, world_size)
     proposals = []
-    for sharding_type in ShardingType:
+    for sharding_type in PLANNED_SHARDING_TYPES:
         proposal = []
         for t, opts in enumerate(options):
             of_type = [i for i, o in enumerate(opts) if o.sharding_type == sharding_type]

@@ -41,6 +41,11 @@ def collect_tables(
                     f"module {path!r}: every table needs a name (one has num_embeddings "
                     f"{config.num_embeddings}, embedding_dim {config.embedding_dim})"
                 )
+            if config.use_virtual_table:
+                raise ConfigError(
+                    f"module {path!r}, table {config.name!r}: use_virtual_table=True is a key-value "
+                    "virtual table, which rectrain does not run (use_virtual_table=False: a plain table)"
+                )
         names = [c.name for c in configs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

@@ -30,10 +30,22 @@ _COMPUTE_DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class Storage:
-    """Memory available to one rank, in bytes."""
+    """Bytes of device (HBM) and host (DDR) memory, and of SSD: what a rank has, or what a shard needs
+    (``torchrec.distributed.planner.types.Storage``)."""
 
     hbm: int
     ddr: int
+    ssd: int = 0
+
+    def __add__(self, other: Storage) -> Storage:
+        return Storage(self.hbm + other.hbm, self.ddr + other.ddr, self.ssd + other.ssd)
+
+    def __sub__(self, other: Storage) -> Storage:
+        return Storage(self.hbm - other.hbm, self.ddr - other.ddr, self.ssd - other.ssd)
+
+    def fits_in(self, other: Storage) -> bool:
+        """Whether every kind of memory this needs is within ``other``'s."""
+        return self.hbm <= other.hbm and self.ddr <= other.ddr and self.ssd <= other.ssd
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,11 @@ class Topology:
                 f"world_size ({self.world_size}) must be a multiple of local_world_size "
                 f"({self.local_world_size}): every host runs the same number of ranks"
             )
+
+    @property
+    def intra_group_size(self) -> int:
+        """Ranks per host (TorchRec's name for ``local_world_size``)."""
+        return self.local_world_size
 
     @property
     def num_hosts(self) -> int:

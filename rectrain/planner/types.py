@@ -14,16 +14,45 @@ from rectrain.errors import ConfigError
 
 @unique
 class ShardingType(str, Enum):
-    """How one table is split across ranks (TorchRec's string values)."""
+    """How one table is split across ranks (TorchRec's string values).
+
+    ``TABLE_COLUMN_WISE`` and ``GRID_SHARD`` are TorchRec's names for layouts rectrain does not run
+    (``PLANNED_SHARDING_TYPES`` are the ones it does): TorchRec-style sharders and constraints that name them
+    port, TorchRec's enumerator API lists them when a sharder offers them, rectrain's planner never picks
+    them, and a plan that uses one is refused with ``unsupported_reason``.
+    """
 
     DATA_PARALLEL = "data_parallel"
     TABLE_WISE = "table_wise"
     ROW_WISE = "row_wise"
     COLUMN_WISE = "column_wise"
     TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    GRID_SHARD = "grid_shard"
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def unsupported_reason(self) -> str | None:
+        """Why rectrain cannot run this sharding type (None for the types it runs)."""
+        if self in PLANNED_SHARDING_TYPES:
+            return None
+        what = {
+            "table_column_wise": "column shards placed within one host",
+            "grid_shard": "row blocks within a host times column blocks across hosts",
+        }[self.value]
+        runs = ", ".join(t.value for t in PLANNED_SHARDING_TYPES)
+        return f"sharding type {self.value!r} ({what}) is TorchRec's; rectrain runs only {runs}"
+
+
+PLANNED_SHARDING_TYPES = (
+    ShardingType.DATA_PARALLEL,
+    ShardingType.TABLE_WISE,
+    ShardingType.ROW_WISE,
+    ShardingType.COLUMN_WISE,
+    ShardingType.TABLE_ROW_WISE,
+)
 
 
 @unique
@@ -128,6 +157,8 @@ class ParameterSharding:
         except ValueError:
             names = ", ".join(t.value for t in ShardingType)
             raise ConfigError(f"sharding_type must be one of {names}; got {self.sharding_type!r}") from None
+        if self.sharding_type.unsupported_reason:
+            raise ConfigError(self.sharding_type.unsupported_reason)
         try:
             self.compute_kernel = EmbeddingComputeKernel(self.compute_kernel)
         except ValueError:

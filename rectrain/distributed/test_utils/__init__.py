@@ -1,0 +1,1 @@
+"""``torchrec.distributed.test_utils``: models and inputs for users' sharding tests."""
