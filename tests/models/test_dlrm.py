@@ -61,6 +61,33 @@ def test_interaction_matches_direct_pairwise_dots():
     torch.testing.assert_close(out[:, D:], torch.stack(expected, dim=1))
 
 
+def test_interaction_gradients_match_autograd_of_the_direct_pairwise_dots():
+    """Training runs its own backward ((G + G^T) Z); it must give the gradient of the same formula."""
+    torch.manual_seed(2)
+    leaves = [torch.randn(B, D, requires_grad=True), torch.randn(B, F, D, requires_grad=True)]
+    copies = [x.detach().clone().requires_grad_(True) for x in leaves]
+    out = InteractionArch(F)(*leaves)
+    weight = torch.randn(out.shape)
+    (out * weight).sum().backward()
+    dense, sparse = copies
+    rows = [dense] + [sparse[:, i] for i in range(F)]
+    pairs = [(rows[i] * rows[j]).sum(1) for i in range(F + 1) for j in range(i + 1, F + 1)]
+    expected = torch.cat([dense, torch.stack(pairs, dim=1)], dim=1)
+    torch.testing.assert_close(out, expected)
+    (expected * weight).sum().backward()
+    for mine, theirs in zip(leaves, copies):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+def test_interaction_records_plain_ops_for_tracers_and_scripting():
+    arch, dense, sparse = InteractionArch(F), torch.randn(B, D, requires_grad=True), torch.randn(B, F, D)
+    expected = arch(dense, sparse)
+    traced = torch.jit.trace(arch, (dense, sparse), check_trace=False)
+    assert "PythonOp" not in str(traced.graph)  # a Python autograd function would not serialize
+    for converted in (traced, torch.jit.script(arch), torch.fx.symbolic_trace(arch)):
+        torch.testing.assert_close(converted(dense, sparse), expected)
+
+
 def test_sparse_arch_stacks_pooled_embeddings_in_table_order():
     m = model()
     features = kjt()
