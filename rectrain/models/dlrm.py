@@ -78,8 +78,14 @@ class DenseArch(nn.Module):
         return self.model(features)
 
 
+def _gram_pairs(combined: Tensor, pairs: Tensor) -> Tensor:
+    """``bmm(Z, Z^T)`` at the flat positions ``pairs`` of each ``[N, N]`` product: ``[B, N, D] -> [B, P]``."""
+    n = combined.shape[1]
+    return torch.bmm(combined, combined.transpose(1, 2)).reshape(-1, n * n).index_select(1, pairs)
+
+
 class _PairwiseDots(torch.autograd.Function):
-    """``bmm(Z, Z^T)`` at the flat upper-triangle positions ``pairs``: ``[B, N, D] -> [B, len(pairs)]``.
+    """``_gram_pairs`` with a backward of its own, for eager training.
 
     Autograd's own backward of ``bmm(Z, Z^T)`` runs two batched products on transposed views and adds them
     (7.8 of the interaction's 10 ms a step, batch 2048, one thread); ``Z Z^T`` is symmetric, so the gradient
@@ -90,9 +96,7 @@ class _PairwiseDots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, combined: Tensor, pairs: Tensor) -> Tensor:
         ctx.save_for_backward(combined, pairs)
-        n = combined.shape[1]
-        gram = torch.bmm(combined, combined.transpose(1, 2))
-        return gram.view(combined.shape[0], n * n).index_select(1, pairs)
+        return _gram_pairs(combined, pairs)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
@@ -113,7 +117,8 @@ class InteractionArch(nn.Module):
         super().__init__()
         self.F = num_sparse_features
         triu = torch.triu_indices(self.F + 1, self.F + 1, offset=1, device=device)
-        self.register_buffer("triu_indices", triu, persistent=False)
+        self.register_buffer("triu_indices", triu, persistent=False)  # TorchRec's buffer
+        # The same pairs as positions in the flattened [F + 1, F + 1] product, which both paths select.
         self.register_buffer("triu_flat", triu[0] * (self.F + 1) + triu[1], persistent=False)
 
     def forward(self, dense_features: Tensor, sparse_features: Tensor) -> Tensor:
@@ -122,9 +127,7 @@ class InteractionArch(nn.Module):
         combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
         if not torch.jit.is_scripting() and self._trains_eagerly(combined):
             return torch.cat((dense_features, self._pairwise_dots(combined)), dim=1)
-        interactions = torch.bmm(combined, combined.transpose(1, 2))
-        flat = interactions[:, self.triu_indices[0], self.triu_indices[1]]
-        return torch.cat((dense_features, flat), dim=1)
+        return torch.cat((dense_features, _gram_pairs(combined, self.triu_flat)), dim=1)
 
     @torch.jit.unused
     def _trains_eagerly(self, combined):  # unannotated: TorchScript cannot resolve the string annotations
