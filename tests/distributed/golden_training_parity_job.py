@@ -133,7 +133,7 @@ def main(package: str, out: Path) -> None:
         if rank == 0:
             torch.save({"state": full, "data": data}, start)
     dist.barrier()
-    saved = torch.load(start)
+    saved = torch.load(start, weights_only=True)
     assert saved["state"].keys() == state.keys(), sorted(saved["state"].keys() ^ state.keys())
     with torch.no_grad():
         for key, value in saved["state"].items():

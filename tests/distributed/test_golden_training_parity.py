@@ -44,15 +44,15 @@ def _run(python: str, package: str, out: Path, pythonpath: str | None, ranks: in
 def test_golden_training_dlrm_trains_like_torchrec(tmp_path, ranks):
     _run(str(torchrec_venv() / "bin" / "python"), "torchrec", tmp_path, None, ranks)
     _run(sys.executable, "rectrain", tmp_path, str(ROOT), ranks)
-    theirs = torch.load(tmp_path / f"torchrec{ranks}.pt")
-    ours = torch.load(tmp_path / f"rectrain{ranks}.pt")
+    theirs = torch.load(tmp_path / f"torchrec{ranks}.pt", weights_only=True)
+    ours = torch.load(tmp_path / f"rectrain{ranks}.pt", weights_only=True)
     assert len(ours["losses"]) == ranks
     for rank, (their_losses, our_losses) in enumerate(zip(theirs["losses"], ours["losses"])):
         assert len(our_losses) == 20
         for step, (a, b) in enumerate(zip(their_losses, our_losses)):
             assert abs(a - b) <= 1e-4, f"rank {rank} step {step}: torchrec {a}, rectrain {b}"
         assert their_losses[-1] < 0.5 * their_losses[0]  # it learnt: the comparison is not of two stalls
-    initial = torch.load(tmp_path / f"initial{ranks}.pt")["state"]
+    initial = torch.load(tmp_path / f"initial{ranks}.pt", weights_only=True)["state"]
     assert theirs["tables"].keys() == ours["tables"].keys() and len(ours["tables"]) == 26
     for key, value in theirs["tables"].items():
         torch.testing.assert_close(ours["tables"][key], value, rtol=1e-4, atol=1e-5, msg=key)

@@ -35,11 +35,12 @@ def _run(python: str, package: str, out: Path, pythonpath: str | None) -> None:
 def test_adam_weight_decay_and_step_lr_train_like_torchrec(tmp_path):
     _run(str(torchrec_venv() / "bin" / "python"), "torchrec", tmp_path, None)
     _run(sys.executable, "rectrain", tmp_path, str(ROOT))
-    theirs, ours = torch.load(tmp_path / "torchrec.pt"), torch.load(tmp_path / "rectrain.pt")
+    theirs = torch.load(tmp_path / "torchrec.pt", weights_only=True)
+    ours = torch.load(tmp_path / "rectrain.pt", weights_only=True)
     assert len(ours["losses"]) == 20
     for step, (a, b) in enumerate(zip(theirs["losses"], ours["losses"])):
         assert abs(a - b) <= 1e-4, f"step {step}: torchrec {a}, rectrain {b}"
-    initial = torch.load(tmp_path / "initial.pt")["state"]
+    initial = torch.load(tmp_path / "initial.pt", weights_only=True)["state"]
     for key, value in theirs["tables"].items():
         torch.testing.assert_close(ours["tables"][key], value, rtol=1e-4, atol=1e-5)
         assert not torch.equal(ours["tables"][key], initial[key])

@@ -56,7 +56,7 @@ def main(package: str, out: Path) -> None:
     start = out / "initial.pt"
     if not start.exists():
         torch.save({"state": model.state_dict(), "data": _data(torch.Generator().manual_seed(1))}, start)
-    saved = torch.load(start)
+    saved = torch.load(start, weights_only=True)
     model.load_state_dict(saved["state"])
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-5)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)

@@ -35,7 +35,8 @@ def _run(python: str, package: str, out: Path, pythonpath: str | None) -> None:
 def test_managed_collision_training_matches_torchrec(tmp_path):
     _run(str(torchrec_venv() / "bin" / "python"), "torchrec", tmp_path, None)
     _run(sys.executable, "rectrain", tmp_path, str(ROOT))
-    theirs, ours = torch.load(tmp_path / "torchrec.pt"), torch.load(tmp_path / "rectrain.pt")
+    theirs = torch.load(tmp_path / "torchrec.pt", weights_only=True)
+    ours = torch.load(tmp_path / "rectrain.pt", weights_only=True)
     for step, (a, b) in enumerate(zip(theirs["remapped"], ours["remapped"])):
         assert torch.equal(a, b), f"step {step}: remapped ids differ"
     assert len(ours["losses"]) == 20
@@ -44,5 +45,6 @@ def test_managed_collision_training_matches_torchrec(tmp_path):
     assert theirs["state"].keys() == ours["state"].keys()
     for key, value in theirs["state"].items():
         torch.testing.assert_close(ours["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
-    ids = torch.cat([batch["ids"] for batch in torch.load(tmp_path / "initial.pt")["data"]])
+    batches = torch.load(tmp_path / "initial.pt", weights_only=True)["data"]
+    ids = torch.cat([batch["ids"] for batch in batches])
     assert ids.unique().numel() > 5 * 28  # far more ids than the 28 rows: evictions were exercised
