@@ -242,13 +242,13 @@ def _calculate_storage_specific_sizes(
 ) -> list[int]:
     """Weights + optimizer state + cache bookkeeping of every shard, from the table's ``storage`` bytes."""
     tensors = _calculate_tensor_sizes(storage, shape, shard_sizes, sharding_type)
+    if is_inference:
+        return tensors
     multiplier = _get_optimizer_multipler(optimizer_class, shape)
     optimizers = [math.ceil(t * multiplier) for t in tensors]
     caches = (
         [0] * len(shard_sizes) if clf is None else [math.ceil(s[0] * (4 + clf * 16)) for s in shard_sizes]
     )
-    if is_inference:
-        return tensors
     return [t + o + c for t, o, c in zip(tensors, optimizers, caches)]
 
 
@@ -278,8 +278,8 @@ def _pooled_counts(
     batch_sizes: Sequence[int], input_lengths: Sequence[float], num_poolings: Sequence[float], is_pooled: bool
 ) -> tuple[float, float]:
     """Ids and output rows of one rank's batch: ``pooling factor x poolings x batch`` ids per feature; a
-    pooled lookup outputs ``min(1, pooling factor)`` rows per example
-    and pooling (a mostly empty feature, fewer)."""
+    pooled lookup outputs ``min(1, pooling factor)`` rows per example and pooling (a mostly empty feature
+    outputs fewer), a sequence lookup one row per id."""
     ids = sum(
         length * pools * batch for length, pools, batch in zip(input_lengths, num_poolings, batch_sizes)
     )
