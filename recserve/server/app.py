@@ -26,6 +26,7 @@ from recserve.errors import StartupError
 from recserve.server.admin import build_admin_server
 from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
 from recserve.server.batcher import BatcherConfig
+from recserve.server.budget import MemoryBudget
 from recserve.server.config import ServeConfig
 from recserve.server.control import ModelControl, SharedControl
 from recserve.server.core import InferenceCore
@@ -158,6 +159,7 @@ class RecServer:
                 self.admission,
                 device=cfg.device,
                 read_timeout_s=limits.read_timeout_s,
+                budget=MemoryBudget(cfg.effective_request_memory),
             )
             self._rest = RestServer(
                 api,

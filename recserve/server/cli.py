@@ -49,7 +49,11 @@ def _add_serve(subparsers) -> None:
         help="seconds a REST connection may go without a complete request head (default %(default)s)",
     )
     p.add_argument(
-        "--http-max-connections", type=int, default=1024, help="open REST connections at once (more: 503)"
+        "--http-max-connections",
+        type=int,
+        default=1024,
+        help="open REST connections at once; at the limit a new one closes the connection idle longest "
+        "(503 only when all are busy; default %(default)s)",
     )
     p.add_argument(
         "--grpc-max-connection-age",
@@ -102,6 +106,13 @@ def _add_serve(subparsers) -> None:
         help="refuse new RPCs at once while RPCs wait longer than this before a handler sees them (0: off)",
     )
     p.add_argument("--max-message-mb", type=int, default=64, help="largest request/reply message")
+    p.add_argument(
+        "--request-memory-mb",
+        type=float,
+        help="MiB each worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); "
+        "past it they are refused with 503. Default: a quarter of the worker's share of the memory limit, "
+        "at most 512",
+    )
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
@@ -183,6 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_inflight=args.max_inflight,
         max_queue_lag_ms=args.max_queue_lag_ms,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
+        request_memory_bytes=None if args.request_memory_mb is None else int(args.request_memory_mb * 2**20),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,

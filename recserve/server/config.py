@@ -9,6 +9,7 @@ from pathlib import Path
 from recserve.errors import RecServeError
 from recserve.server.admission import default_max_inflight
 from recserve.server.batcher import BatcherConfig
+from recserve.server.budget import default_request_budget
 
 ADMIN_TOKEN_ENV = "RECSERVE_ADMIN_TOKEN"
 # Triton's --model-control-mode values recserve takes: "none" (no load/unload on the serving ports) or
@@ -25,10 +26,15 @@ class HttpLimits:
     """What one slow or idle client may hold.
 
     ``read_timeout_s``: the longest a request body may take to arrive (HTTP 408 after it); a request counts
-    against admission only once its body is in, so slow uploads never hold an in-flight slot.
+    against admission only once its body is in, so slow uploads never hold an in-flight slot. While it
+    arrives its bytes are reserved from the worker's request memory budget (503 when that is spent).
     ``idle_timeout_s``: a connection that sends no complete request head for this long (at its start, or
     between keep-alive requests) is closed, so trickled headers cannot hold a socket.
-    ``max_connections``: open connections at once; more are answered 503 and closed as they arrive.
+    ``max_connections``: open connections at once. A connection arriving at the limit closes an idle one to
+    make room: the one silent longest among those that never sent a complete request head, else the one
+    silent longest between keep-alive requests (a connection that has just been accepted or answered is
+    spared until the server has read what it sent). Only when every open connection has a request in
+    progress is the new one answered 503 and closed. So idle and half-open sockets cannot lock clients out.
     """
 
     read_timeout_s: float = 30.0
@@ -69,6 +75,9 @@ class ServeConfig:
     max_inflight: int | None = None  # None: default_max_inflight(grpc_threads, max_queue_size)
     max_queue_lag_ms: float = 100.0  # refuse new calls while calls wait longer to be seen (0: off)
     max_message_bytes: int = 64 * 1024 * 1024
+    # Bytes this worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); None:
+    # derived from the worker's memory share (recserve.server.budget.default_request_budget).
+    request_memory_bytes: int | None = None
     # gRPC connections: closed after this age (clients reconnect, so load spreads over new workers and pods,
     # and no connection lives for ever), or after this long without an RPC; pings find dead peers.
     grpc_max_connection_age_s: float = 3600.0
@@ -127,6 +136,11 @@ class ServeConfig:
             raise ServeConfigError(
                 f"--max-inflight: expected 1..--grpc-threads ({self.grpc_threads}), got {self.max_inflight}; "
                 "an admitted request must find a handler thread at once, so raise --grpc-threads with it"
+            )
+        if self.request_memory_bytes is not None and self.request_memory_bytes < self.max_message_bytes:
+            raise ServeConfigError(
+                f"--request-memory-mb: {self.request_memory_bytes / 2**20:g} MiB is less than one request of "
+                f"--max-message-mb ({self.max_message_bytes / 2**20:g} MiB)"
             )
         if self.max_queue_lag_ms < 0:
             raise ServeConfigError(f"--max-queue-lag-ms: expected >= 0 (0: off), got {self.max_queue_lag_ms}")
@@ -197,6 +211,13 @@ class ServeConfig:
         if self.max_inflight is not None:
             return self.max_inflight
         return default_max_inflight(self.grpc_threads, self.max_queue_size)
+
+    @property
+    def effective_request_memory(self) -> int:
+        """The worker's REST request memory budget (bytes): ``request_memory_bytes`` or the default."""
+        if self.request_memory_bytes is not None:
+            return self.request_memory_bytes
+        return default_request_budget(self.workers, self.max_message_bytes)
 
     @property
     def effective_reload_root(self) -> Path | None:

@@ -8,6 +8,12 @@ through the worker's shared in-flight limit (health probes excepted) and counted
 covers both transports. Errors answer ``{"error": "<message naming the field>"}`` with the HTTP status of
 :data:`HTTP_STATUS` (Google's gRPC → HTTP mapping: 400 bad input, 404 unknown model, 429 overloaded, 503
 unavailable, 504 deadline).
+
+A request's body is read by :func:`rest_body.read_body` under the worker's :class:`MemoryBudget` (aiohttp's
+own inflation is off), within ``--http-read-timeout`` (408 after), and only then does the request take an
+in-flight slot: 413 for a body over ``--max-message-mb``, 503 with ``Retry-After`` while the budget is spent.
+:class:`RestServer` caps open connections; at the cap a new connection closes the one that has been idle
+longest (see :class:`~recserve.server.config.HttpLimits`).
 """
 
 from __future__ import annotations
@@ -15,21 +21,34 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
 from recserve.server.admission import AdmissionLimit
+from recserve.server.budget import (
+    DECODE_FACTOR,
+    BudgetExhausted,
+    MemoryBudget,
+    Reservation,
+    default_request_budget,
+)
 from recserve.server.config import HttpLimits
 from recserve.server.core import InferenceCore
+from recserve.server.handlers import DecodeFailureLog
 from recserve.server.metrics import ServerMetrics
 from recserve.server.oip import SCORES_OUTPUT, decode_batchable, input_metadata, parameter_deadline
 from recserve.server.protos import oip_pb2
+from recserve.server.rest_body import BodyTooLarge, read_body
 from recserve.server.rest_codec import (
     HEADER_LENGTH,
     TOO_DEEP,
@@ -39,6 +58,7 @@ from recserve.server.rest_codec import (
     split_body,
     wants_binary,
 )
+from recserve.server.rest_connections import ConnectionPool, Refused, Tracked
 from recserve.server.status import status_code_for
 from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 
@@ -61,10 +81,20 @@ _EXEMPT = frozenset({"ServerLive", "ServerReady"})  # probes answer under overlo
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 REFUSED_CONNECTION = "rest/connection"  # the method label of connections refused over the limit
+MALFORMED = "rest/malformed"  # the method label of requests aiohttp's parser refused (400)
+RETRY_AFTER_S = 1  # what a 503 for a spent memory budget tells the client to wait
+# Typed request keys where aiohttp has them (3.13+; it warns about plain strings), strings before.
+_KEY = getattr(web, "RequestKey", lambda name, _type: f"recserve.{name}")
+_BODY = _KEY("body", bytes)  # read by the middleware under the budget, before admission
+_RESERVATION = _KEY("reservation", Reservation)  # the request's share of the budget
 
 
 class RestApi:
-    """The routes; each handler returns a response or raises a recserve error (mapped by the middleware)."""
+    """The routes; each handler returns a response or raises a recserve error (mapped by the middleware).
+
+    ``budget`` is the worker's REST request memory (``--request-memory-mb``); None: one sized by
+    :func:`default_request_budget` for one worker.
+    """
 
     def __init__(
         self,
@@ -75,6 +105,7 @@ class RestApi:
         *,
         device: str = "cpu",
         read_timeout_s: float = HttpLimits.read_timeout_s,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self._core = core
         self._repository = repository
@@ -82,12 +113,27 @@ class RestApi:
         self._admission = admission
         self._device = device
         self._read_timeout_s = read_timeout_s
+        self.budget = budget
+        self._max_body_bytes = 0
+        self._malformed_log = DecodeFailureLog()
 
     def count_refused_connection(self) -> None:
         self._metrics.requests.labels(REFUSED_CONNECTION, grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
 
-    def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes, middlewares=[self._outcome])
+    def protocol_logger(self) -> logging.LoggerAdapter:
+        """The logger for aiohttp's connection handlers: malformed requests counted and rate-limited."""
+        return _ProtocolLog(self._malformed)
+
+    def _malformed(self, exc: HttpProcessingError) -> None:
+        self._metrics.requests.labels(MALFORMED, grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+        self._malformed_log.record("HTTP request", f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+    def app(self, max_body_bytes: int, *, middlewares: tuple = ()) -> web.Application:
+        """The routes; ``middlewares`` run around this API's own (outermost first)."""
+        self._max_body_bytes = max_body_bytes
+        if self.budget is None:
+            self.budget = MemoryBudget(default_request_budget(1, max_body_bytes))
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[*middlewares, self._outcome])
         r = app.router
         r.add_get("/v2/health/live", self.live, name="ServerLive")
         r.add_get("/v2/health/ready", self.ready, name="ServerReady")
@@ -106,64 +152,64 @@ class RestApi:
 
     @web.middleware
     async def _outcome(self, request: web.Request, handler: Callable[[web.Request], Awaitable]):
-        """Admission, recserve error → HTTP status, and one count + latency observation per request."""
+        """Body under the budget, admission, recserve error → HTTP status, one count + latency per request."""
         start = time.perf_counter()
         route = request.match_info.route.name
         method = f"rest/{(route or 'unknown').split('.')[0]}"
         code, admitted = grpc.StatusCode.OK, False
+        reservation = request[_RESERVATION] = self.budget.reserve()
         try:
             if route is None:
-                code = grpc.StatusCode.UNIMPLEMENTED
-                return _error(code, f"{request.method} {request.path}: no such endpoint", status=404)
+                code, response = _unrouted(request)
+                return response
             if route not in _EXEMPT:
-                if request.can_read_body and not await self._body_arrived(request):
-                    code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    message = f"request body: not received within {self._read_timeout_s:g} s"
-                    response = _error(code, message, status=408)
-                    response.force_close()  # the rest of the body may still be on its way
+                refused = await self._receive(request)
+                if refused is not None:
+                    code, response = refused
                     return response
-                admitted = self._admission.try_acquire()
-                if not admitted:
-                    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    limit = self._admission.limit
-                    message = (
-                        f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff"
-                    )
-                    return _error(code, message)
+                admitted = True
             self._metrics.inflight.inc()
             try:
                 return await handler(request)
             finally:
                 self._metrics.inflight.dec()
-        except web.HTTPException as exc:  # aiohttp's own refusals (body too large, bad method)
-            code = (
-                grpc.StatusCode.RESOURCE_EXHAUSTED if exc.status == 413 else grpc.StatusCode.INVALID_ARGUMENT
-            )
-            return _error(code, exc.reason, status=exc.status)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED  # the client went away
             raise
-        except ConnectionError:  # the client went away while sending its body: nobody to answer
-            code = grpc.StatusCode.CANCELLED
-            return web.Response(status=499)
         except Exception as exc:
-            code = status_code_for(exc)
-            if code is grpc.StatusCode.INTERNAL:
-                logger.exception("%s %s failed", request.method, request.path)
-            return _error(code, str(exc) or type(exc).__name__)
+            code, response = _failure(exc, request)
+            # The failed frames' locals may hold a body (and, raised through wait_for's task, sit in a
+            # reference cycle until the garbage collector runs): drop them now, as the budget assumes.
+            traceback.clear_frames(exc.__traceback__)
+            return response
         finally:
+            request.pop(_BODY, None)  # a refused request's body goes with its reservation
+            reservation.release()
             if admitted:
                 self._admission.release()
             self._metrics.requests.labels(method, code.name).inc()
             self._metrics.request_latency.labels(method).observe(time.perf_counter() - start)
 
-    async def _body_arrived(self, request: web.Request) -> bool:
-        """Reads the whole body (aiohttp keeps it for the handler); False when it took too long."""
-        try:
-            await asyncio.wait_for(request.read(), self._read_timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+    async def _receive(self, request: web.Request) -> tuple[grpc.StatusCode, web.Response] | None:
+        """Reads the body (kept as ``request[_BODY]``), then takes an in-flight slot; the refusal if not."""
+        if request.body_exists:
+            read = read_body(request, request[_RESERVATION], self._max_body_bytes)
+            try:
+                request[_BODY] = await asyncio.wait_for(read, self._read_timeout_s)
+            except asyncio.TimeoutError:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                message = f"request body: not received within {self._read_timeout_s:g} s"
+                response = _error(code, message, status=408)
+                response.force_close()  # the rest of the body may still be on its way
+                return code, response
+        else:
+            request[_BODY] = b""
+        if not self._admission.try_acquire():
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            limit = self._admission.limit
+            message = f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff"
+            return code, _error(code, message)
+        return None
 
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -213,7 +259,7 @@ class RestApi:
         return web.json_response({"model_stats": [message_json(s) for s in stats]})
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        doc = await _json_object(request) if request.body_exists else {}
+        doc = _json_object(request[_BODY]) if request[_BODY] else {}
         ready_only = doc.get("ready", False)
         if not isinstance(ready_only, bool):
             raise InvalidRequestError("ready: expected true or false")
@@ -228,7 +274,7 @@ class RestApi:
         return web.Response(status=200)
 
     async def _repository_call(self, request: web.Request, call) -> None:
-        doc = await _json_object(request) if request.body_exists else {}
+        doc = _json_object(request[_BODY]) if request[_BODY] else {}
         parameters = doc.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InvalidRequestError("parameters: expected an object")
@@ -240,7 +286,11 @@ class RestApi:
         received = time.monotonic()
         name, version = request.match_info["model"], request.match_info.get("version", "")
         runner = self._core.find(name, version)
-        doc, binary = split_body(await request.read(), request.headers.get(HEADER_LENGTH))
+        body = request.pop(_BODY)
+        # The body, the parsed JSON and the decoded tensors exist at once while the request is decoded.
+        request[_RESERVATION].resize(DECODE_FACTOR * len(body))
+        doc, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        del body
         req = infer_request(doc, binary, name, version)
         arrays = decode_batchable(req, runner.schema, runner.oip_layout)
         deadline = parameter_deadline(req.parameters, received)
@@ -264,10 +314,10 @@ class RestApi:
         return web.Response(body=body, headers=headers)
 
 
-async def _json_object(request: web.Request) -> dict:
+def _json_object(body: bytes) -> dict:
     try:
-        doc = await request.json()
-    except ValueError as exc:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"request body: not valid JSON ({exc})") from None
     except RecursionError:
         raise InvalidRequestError(TOO_DEEP) from None
@@ -276,23 +326,59 @@ async def _json_object(request: web.Request) -> dict:
     return doc
 
 
-def _error(code: grpc.StatusCode, message: str, status: int | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status or HTTP_STATUS.get(code, 500))
+def _error(
+    code: grpc.StatusCode, message: str, status: int | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": message}, status=status or HTTP_STATUS.get(code, 500), headers=headers)
 
 
-class _Refused(asyncio.Protocol):
-    """A connection over ``max_connections``: a 503 answer, then closed, before any byte is read."""
+def _failure(exc: Exception, request: web.Request) -> tuple[grpc.StatusCode, web.Response]:
+    """The code and the answer for an exception a request raised."""
+    if isinstance(exc, BodyTooLarge):
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        return code, _error(code, str(exc), status=413)
+    if isinstance(exc, BudgetExhausted):
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        return code, _error(code, str(exc), status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, web.HTTPException):  # aiohttp's own refusals
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.status == 413 else grpc.StatusCode.INVALID_ARGUMENT
+        return code, _error(code, exc.reason, status=exc.status)
+    if isinstance(exc, ConnectionError):  # the client went away while sending its body: nobody to answer
+        return grpc.StatusCode.CANCELLED, web.Response(status=499)
+    code = status_code_for(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        logger.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return code, _error(code, str(exc) or type(exc).__name__)
 
-    def __init__(self, limit: int) -> None:
-        body = json.dumps({"error": f"server overloaded: {limit} open HTTP connections; retry with backoff"})
-        self._reply = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
-        ).encode()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self._reply)  # type: ignore[attr-defined]
-        transport.close()
+def _unrouted(request: web.Request) -> tuple[grpc.StatusCode, web.Response]:
+    """404 for a path we do not serve; 405 (with ``Allow``) for a method a path does not take."""
+    code = grpc.StatusCode.UNIMPLEMENTED
+    exc = getattr(request.match_info, "http_exception", None)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"{request.method} {request.path}: method not allowed; use {allowed}"
+        return code, _error(code, message, status=405, headers={"Allow": allowed})
+    return code, _error(code, f"{request.method} {request.path}: no such endpoint", status=404)
+
+
+class _ProtocolLog(logging.LoggerAdapter):
+    """aiohttp's connection logger, except for requests its parser refused.
+
+    aiohttp answers a malformed request 400 itself and logs it with a traceback; anyone can send them, so
+    they go to ``on_malformed`` (counted, logged once per interval) instead.
+    """
+
+    def __init__(self, on_malformed: Callable[[HttpProcessingError], None]) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self._on_malformed = on_malformed
+
+    def log(self, level: int, msg, *args, **kwargs) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self._on_malformed(exc)
+            return
+        super().log(level, msg, *args, **kwargs)
 
 
 class RestServer:
@@ -310,10 +396,11 @@ class RestServer:
         limits: HttpLimits | None = None,
     ) -> None:
         self._api = api
-        self._app = api.app(max_body_bytes)
+        self._limits = limits or HttpLimits()
+        self.connections = ConnectionPool(self._limits.max_connections)
+        self._app = api.app(max_body_bytes, middlewares=(self.connections.middleware,))
         self._host, self._port, self._reuse_port = host, port, reuse_port
         self._drain_timeout_s = drain_timeout_s
-        self._limits = limits or HttpLimits()
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
@@ -334,20 +421,28 @@ class RestServer:
             handle_signals=False,
             shutdown_timeout=self._drain_timeout_s,
             keepalive_timeout=self._limits.idle_timeout_s,  # also bounds the wait for a request head
+            auto_decompress=False,  # bodies are inflated by rest_body, under the memory budget
+            logger=self._api.protocol_logger(),
         )
         await self._runner.setup()
-        handlers, limit = self._runner.server, self._limits.max_connections
+        handlers, pool = self._runner.server, self.connections
 
         def connection() -> asyncio.Protocol:
-            if len(handlers.connections) >= limit:
+            handler = handlers()
+            if not pool.admit(handler):
                 self._api.count_refused_connection()
-                return _Refused(limit)
-            return handlers()
+                return Refused(pool.limit)
+            return Tracked(handler, pool)
 
         # Our own listener over aiohttp's protocol factory: aiohttp's sites have no connection limit.
         self._listener = await self._loop.create_server(
-            connection, self._host, self._port, reuse_port=self._reuse_port or None
+            connection,
+            self._host,
+            self._port,
+            reuse_port=self._reuse_port or None,
+            backlog=pool.accept_batch,
         )
+        _deepen_listen_queue(self._listener, max(1024, pool.limit))
         return self._listener.sockets[0].getsockname()[1]
 
     def stop(self) -> None:
@@ -359,3 +454,15 @@ class RestServer:
             future.result(self._drain_timeout_s + 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def _deepen_listen_queue(listener: asyncio.AbstractServer, depth: int) -> None:
+    """asyncio uses ``backlog`` both as the kernel's queue of connections waiting to be accepted and as how
+    many it accepts per poll; a short queue drops connections (clients retry a second later), so the queue
+    is made deep again, on the same sockets, after asyncio has set it."""
+    for sock in listener.sockets:
+        try:
+            with socket.socket(fileno=os.dup(sock.fileno())) as same:
+                same.listen(depth)
+        except OSError as exc:  # the listener still works, with the shorter queue
+            logger.warning("REST listener: cannot deepen its connection queue to %d: %s", depth, exc)

@@ -102,7 +102,14 @@ def _input(i: int, tensor, binary: bytes, offset: int, req) -> tuple[bytes, int]
             f"{where}.shape: expected a list of int64 dimensions >= 0, got {repr(shape)[:80]}"
         )
     t = req.inputs.add(name=name, datatype=datatype, shape=shape)
-    _set_parameters(f"{where}.parameters", t.parameters, tensor.get("parameters", {}))
+    params = tensor.get("parameters", {})
+    _set_parameters(f"{where}.parameters", t.parameters, params)
+    size = params.get("binary_data_size")
+    if size is not None and (type(size) is not int or size < 0):
+        raise InvalidRequestError(
+            f"inputs[{i}].parameters.binary_data_size ({name!r}): must be an integer byte count >= 0, "
+            f"got {repr(size)[:40]}"
+        )
     le, kinds, lo, hi = _JSON_TYPES[datatype]
     nbytes = math.prod(shape) * np.dtype(le).itemsize
     if "binary_data_size" in t.parameters:

@@ -117,19 +117,31 @@ def test_idle_connections_and_trickled_heads_are_closed(package):
         slow_head.close()
 
 
-def test_connections_over_the_limit_are_refused_at_once(package):
-    with running_server(package, http_max_connections=3) as server:
-        held = [_connect(server) for _ in range(3)]
+def test_at_the_connection_limit_idle_connections_make_room_and_busy_ones_do_not(package):
+    with running_server(package, http_max_connections=3, http_read_timeout_s=5.0) as server:
+        idle = [_connect(server) for _ in range(3)]
         time.sleep(0.3)  # the server has taken all three
+        ready = f"http://127.0.0.1:{server.http_port}/v2/health/ready"
+        sessions = [requests.Session() for _ in idle]
+        for sock, session in zip(idle, sessions):  # each new client closes the connection silent longest
+            assert session.get(ready, timeout=10).status_code == 200  # and keeps its own open
+            sock.settimeout(10)
+            assert sock.recv(100) == b""
+        for session in sessions:  # kept-alive idle connections make room too
+            session.close()
+        # Three uploads in progress are busy: a fourth connection is answered 503 at once.
+        busy = [_connect(server) for _ in range(3)]
+        for sock in busy:
+            sock.sendall(HEAD + b'{"inputs": ')
+        time.sleep(0.3)
         extra = _connect(server)
         extra.settimeout(10)
         reply = extra.recv(1000)
-        assert reply.startswith(b"HTTP/1.1 503") and b"open HTTP connections" in reply
+        assert reply.startswith(b"HTTP/1.1 503") and b"open HTTP connections, all busy" in reply
         assert _codes(server, "rest/connection") == {"RESOURCE_EXHAUSTED": 1.0}
-        for sock in [*held, extra]:
+        for sock in [*idle, *busy, extra]:
             sock.close()
-        url = f"http://127.0.0.1:{server.http_port}/v2/health/ready"
-        assert _wait_for(lambda: requests.get(url, timeout=5).status_code == 200, 10)
+        assert _wait_for(lambda: requests.get(ready, timeout=5).status_code == 200, 10)
 
 
 def test_grpc_connections_have_keepalive_and_a_maximum_age(package):
