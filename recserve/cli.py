@@ -10,6 +10,7 @@ from recserve.errors import RecServeError
 from recserve.export.cli import add_export_command
 from recserve.mainjob.cli import add_main_command
 from recserve.server.cli import add_serve_commands
+from recserve.server.workers import one_line
 from rectrain.errors import RecTrainError
 
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (RecServeError, RecTrainError) as error:
-        print(f"recserve {args.command}: error: {error}", file=sys.stderr)
+        print(f"recserve {args.command}: error: {one_line(str(error))}", file=sys.stderr)
         return 2
 
 

@@ -26,6 +26,7 @@ from recserve.runtime.package import (
     PackageManifest,
     embeddings_file,
     rows_key,
+    version_problem,
 )
 from recserve.runtime.placement import ServingPlacement
 from rectrain.durable import follow_umask, fsync_path, sha256_file
@@ -92,6 +93,9 @@ class PackageWriter:
     def finish(self, manifest: PackageManifest, dense_state: Mapping[str, Tensor]) -> Path:
         """Close the files, write the dense part and the manifest (with every file's checksum), publish."""
         try:
+            problem = version_problem(manifest.version)
+            if problem:  # the runtime refuses such a manifest: never publish one
+                raise ExportError(f"{self.out}: --version: {problem}")
             files = {}
             for writer in self._files.values():
                 writer.close()

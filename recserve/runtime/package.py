@@ -8,21 +8,23 @@ Shard ``table[start:end]`` is stored as ``"table[start:end].rows"``: FBGEMM's CP
 codes, see ``layout``), which the runtime maps read-only instead of copying, so every worker and every reload
 of an unchanged file share one copy in the page cache. Format version 1 stored ``"table[start:end].weights"``
 and ``".scale_bias"`` apart; such packages still load (copied into the kernels). Nothing is pickled and no
-code is stored: the runtime rebuilds the model from ``model_config``. This module reads and verifies;
-``recserve.export`` writes.
+code is stored: the runtime rebuilds the model from ``model_config``. This module reads and verifies (the
+manifest, every file's sha256, every safetensors header); ``recserve.export`` writes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -30,7 +32,6 @@ from recserve.errors import PackageError
 from recserve.runtime.layout import QuantizedTable, TableDType
 from recserve.runtime.placement import ServingPlacement, TableShard
 from rectrain.durable import sha256_file
-from rectrain.safetensors_io import SafetensorsFile, SafetensorsFormatError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,18 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: weights and scale_bias stored apart (copied at load)
 MANIFEST_FILE = "manifest.json"
 DENSE_FILE = "dense.safetensors"
+MAX_VERSION = 2**63 - 1  # Triton's version directories are int64s
+
+
+def version_problem(version: str) -> str | None:
+    """Why ``version`` cannot name a model version (None if it can): a version is ASCII digits, as Triton's
+    numeric version directories, so that it is the same string in a folder name, a URL, a metric label and
+    a log line (``str.isdigit`` alone also takes digits such as '²' that ``int`` refuses)."""
+    if not (version.isascii() and version.isdigit()):
+        return f"version {version[:40]!r} must be digits only (as a Triton version directory), e.g. '1'"
+    if int(version) > MAX_VERSION:
+        return f"version {version[:40]!r} exceeds {MAX_VERSION} (Triton versions are int64)"
+    return None
 
 
 def embeddings_file(device_index: int) -> str:
@@ -142,9 +155,13 @@ class PackageManifest:
                 )
                 for t in data["tables"]
             ]
+            version_text = str(data["version"])
+            problem = version_problem(version_text)
+            if problem:
+                raise PackageError(f"{where}: {problem}; re-export the package with --version N")
             return cls(
                 model_name=str(data["model_name"]),
-                version=str(data["version"]),
+                version=version_text,
                 model_config=dict(data["model_config"]),
                 feature_names=[str(f) for f in data["feature_names"]],
                 weighted_features=[str(f) for f in data["weighted_features"]],
@@ -175,6 +192,8 @@ def read_manifest(package_dir: str | Path) -> PackageManifest:
         raise PackageError(f"{path}: missing; a model package needs its manifest.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PackageError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:  # json.loads recurses once per nested array or object
+        raise PackageError(f"{path}: nested too deeply to be a model package manifest") from None
     return PackageManifest.from_dict(data, where=str(path))
 
 
@@ -215,7 +234,155 @@ def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
             )
 
 
+# Safetensors headers. A file's sha256 only proves that it is the file its author listed, and an author can
+# list one whose header points a tensor at the header's own bytes (a negative offset) or at another tensor's;
+# the table files are mapped here, not through safetensors. So every header is checked before a tensor is
+# taken from it, with messages naming the tensor, and then opened by ``safetensors.safe_open`` (which maps
+# the file without reading it) so that the library's own rules have the last word.
+
+# Bytes per element of safetensors' whole-byte dtypes (its sub-byte ones are never written by export).
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+_SHOWN = 200  # characters of a hostile value quoted in a message
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a checked header: ``start`` is the absolute file offset of its first byte."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+
+def _show(value: Any) -> str:
+    """``value`` quoted and cut short: a message shows hostile values without their control characters."""
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused if a key repeats (JSON keeps the last one, hiding the bytes of the first)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PackageError(f"key {_show(key)} appears twice")
+        out[key] = value
+    return out
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """The header's JSON object, the data section's first file offset and its size in bytes."""
+    unreadable = f"{path}: cannot be read as safetensors:"
+    with open(path, "rb") as file:
+        size = file.seek(0, 2)
+        file.seek(0)
+        head = file.read(8)
+        if len(head) < 8:
+            raise PackageError(f"{unreadable} {size} bytes, too short for a header")
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, MAX_HEADER_BYTES):
+            raise PackageError(
+                f"{unreadable} header length {length} exceeds the file ({size} bytes) or safetensors' "
+                f"limit ({MAX_HEADER_BYTES} bytes)"
+            )
+        raw = file.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except PackageError as error:
+        raise PackageError(f"{path}: header: {error}") from None
+    except RecursionError:
+        raise PackageError(f"{unreadable} its header is nested too deeply") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PackageError(f"{unreadable} its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise PackageError(f"{unreadable} its header is not a JSON object")
+    return header, 8 + length, size - 8 - length
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # not bool, not a float that equals an integer
+
+
+def _entry(where: str, entry: Any, data_bytes: int) -> tuple[str, tuple[int, ...], int, int]:
+    """``(dtype, shape, begin, end)`` of one header entry; PackageError naming ``where`` and the problem."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise PackageError(f"{where}: needs 'dtype', 'shape' and 'data_offsets'; got {_show(entry)}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise PackageError(f"{where}: dtype {_show(dtype)} is not one of {', '.join(DTYPE_BYTES)}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise PackageError(f"{where}: shape {_show(shape)}: must be a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets):
+        raise PackageError(f"{where}: data_offsets {_show(offsets)}: must be two non-negative integers")
+    begin, end = offsets
+    if begin > end:
+        raise PackageError(f"{where}: data_offsets [{begin}, {end}]: begins after it ends")
+    if end > data_bytes:
+        raise PackageError(
+            f"{where}: data_offsets [{begin}, {end}]: ends past the data section ({data_bytes} bytes)"
+        )
+    needed = math.prod(shape) * DTYPE_BYTES[dtype]
+    if end - begin != needed:
+        raise PackageError(
+            f"{where}: data_offsets [{begin}, {end}]: {end - begin} bytes, but shape {shape} of {dtype} "
+            f"is {needed} bytes"
+        )
+    return dtype, tuple(shape), begin, end
+
+
+def check_safetensors_file(path: str | Path) -> dict[str, StoredTensor]:
+    """The tensors of the safetensors file ``path``, after checking its header without reading the data.
+
+    Each tensor's dtype is known, its shape a list of non-negative integers and its ``data_offsets`` two
+    non-negative integers ``begin <= end`` inside the data section holding exactly shape x dtype size bytes;
+    the tensors do not overlap and cover the data section (as safetensors requires). PackageError naming
+    the file, the tensor and the problem otherwise.
+    """
+    path = Path(path)
+    try:
+        header, data_start, data_bytes = _read_header(path)
+    except OSError as error:
+        raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
+    header.pop("__metadata__", None)
+    spans = []
+    for name, entry in header.items():
+        dtype, shape, begin, end = _entry(f"{path}: tensor {_show(name)}", entry, data_bytes)
+        spans.append((begin, end, name, dtype, shape))
+    covered, previous = 0, None
+    for begin, end, name, _, _ in sorted(spans):
+        if begin != covered:
+            problem = (
+                f"overlaps tensor {_show(previous)}, which ends at {covered}"
+                if begin < covered
+                else f"leaves bytes [{covered}, {begin}) of the data section unused"
+            )
+            raise PackageError(f"{path}: tensor {_show(name)}: data_offsets [{begin}, {end}]: {problem}")
+        covered, previous = end, name
+    if covered != data_bytes:
+        raise PackageError(
+            f"{path}: the tensors end at byte {covered} of the data section, which holds {data_bytes}; "
+            "safetensors files have no unused bytes"
+        )
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as error:
+        raise PackageError(f"{path}: refused by safetensors ({_show(str(error))})") from None
+    return {
+        name: StoredTensor(dtype, shape, data_start + begin, end - begin)
+        for begin, end, name, dtype, shape in spans
+    }
+
+
 def _load(path: Path) -> dict[str, Tensor]:
+    check_safetensors_file(path)  # safetensors would refuse a bad header too, but without naming the tensor
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as error:
@@ -230,17 +397,19 @@ def _take(tensors: dict[str, Tensor], key: str, path: Path) -> Tensor:
 
 def map_file(path: Path) -> dict[str, Tensor]:
     """Every tensor of a safetensors file as a read-only view of the file mapped into memory (``MAP_PRIVATE``:
-    pages come from the page cache and stay shared with every other process mapping the file)."""
+    pages come from the page cache and stay shared with every other process mapping the file).
+
+    The header is checked first (``check_safetensors_file``): the views are cut where it says, so a byte
+    range outside the data section, or shared with another tensor, would serve other bytes as a table."""
+    stored = check_safetensors_file(path)
     try:
-        with SafetensorsFile(path) as stored:
-            specs = stored.specs
         size = path.stat().st_size
         flat = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8) if size else None
-    except (SafetensorsFormatError, OSError, RuntimeError) as error:
+    except (OSError, RuntimeError) as error:
         raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
     views = {}
-    for name, spec in specs.items():
-        if spec.dtype is torch.uint8 and flat is not None:
+    for name, spec in stored.items():
+        if spec.dtype == "U8" and flat is not None:
             views[name] = flat[spec.start : spec.start + spec.nbytes].view(spec.shape)
     return views
 

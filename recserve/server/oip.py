@@ -76,7 +76,7 @@ def input_metadata(schema: ModelSchema) -> list[tuple[str, str, list[int]]]:
     return inputs
 
 
-def _decode_input(tensor, raw: bytes | None) -> Tensor:
+def _decode_input(tensor, raw: bytes | None, index: int) -> Tensor:
     role = tensor.name.rsplit(".", 1)[-1] if tensor.name != DENSE_INPUT else "dense"
     if role not in _ACCEPTED:
         raise InvalidRequestError(
@@ -102,12 +102,24 @@ def _decode_input(tensor, raw: bytes | None) -> Tensor:
             )
         arr = np.frombuffer(raw, dtype=le).astype(le[1:])
     else:
+        _check_contents_fields(tensor, index, field)
         arr = np.asarray(getattr(tensor.contents, field), dtype=le[1:])
         if arr.size != count:
             raise InvalidRequestError(
                 f"inputs[{tensor.name!r}].contents: {arr.size} elements for shape {list(tensor.shape)}"
             )
     return torch.from_numpy(arr)
+
+
+def _check_contents_fields(tensor, index: int, field: str) -> None:
+    """Typed contents hold only the field of the input's datatype: another one would be ignored, so a
+    client that fills the wrong field (or two) would be scored on data it did not mean to send."""
+    for descriptor, _ in tensor.contents.ListFields():  # the non-empty fields only
+        if descriptor.name != field:
+            raise InvalidRequestError(
+                f"inputs[{index}] ({tensor.name!r}): {descriptor.name} given for datatype "
+                f"{tensor.datatype}; only {field}"
+            )
 
 
 def _element_count(tensor, rank: int) -> int:
@@ -185,7 +197,7 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
     for i, t in enumerate(req.inputs):
         if t.name in tensors:
             raise InvalidRequestError(f"inputs[{t.name!r}]: given twice")
-        tensors[t.name] = (t, _decode_input(t, raws[i] if raws else None))
+        tensors[t.name] = (t, _decode_input(t, raws[i] if raws else None, i))
     if DENSE_INPUT in tensors:
         shape = list(tensors[DENSE_INPUT][0].shape)
         batch = shape[0]

@@ -2,7 +2,8 @@
 
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
 versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
-numeric names (``DIR/1``, ``DIR/2``, ...); the highest one whose ``manifest.json`` exists is the one to serve.
+numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest may record); the highest
+one whose ``manifest.json`` exists is the one to serve.
 The folder's name is the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is
 refused): a version folder whose manifest records another version is refused before it is loaded (an error
 naming both, counted as a failed reload), never loaded and silently discarded; so is a version folder that
@@ -32,13 +33,18 @@ MANIFEST = "manifest.json"
 
 
 def newest_version_dir(watch_dir: Path) -> Path | None:
-    """The numerically highest ``watch_dir/<n>`` that holds a manifest, or None."""
+    """The numerically highest ``watch_dir/<n>`` that holds a manifest, or None.
+
+    Only folders named as a manifest's version may be (``version_problem``: ASCII digits), so that a folder
+    chosen here is never one whose manifest could not match it."""
+    from recserve.runtime.package import version_problem
+
     if not watch_dir.is_dir():
         return None
     versions = [
         (int(p.name), p)
         for p in watch_dir.iterdir()
-        if p.is_dir() and p.name.isdigit() and (p / MANIFEST).exists()
+        if version_problem(p.name) is None and p.is_dir() and (p / MANIFEST).exists()
     ]
     return max(versions)[1] if versions else None
 

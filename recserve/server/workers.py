@@ -24,6 +24,13 @@ from recserve.server.config import ServeConfig
 logger = logging.getLogger(__name__)
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped: an error names files and fields it was given (a path, a
+    header entry), and a newline or terminal escape in one must not forge or hide lines of the log (used by
+    ``recserve``'s error line too)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def cpu_groups(cpus: Sequence[int], workers: int) -> list[list[int]] | None:
     """``cpus`` cut into ``workers`` contiguous groups of equal size (the first ones one larger when they do
     not divide), or None when there are fewer CPUs than workers."""
@@ -89,7 +96,7 @@ def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] |
     try:
         code = run_server(cfg)
     except RecServeError as error:  # the parent stops the other workers; one line says why
-        logger.error("worker %d cannot serve: %s", index, error)
+        logger.error("worker %d cannot serve: %s", index, one_line(str(error)))
         code = 2
     raise SystemExit(code)
 

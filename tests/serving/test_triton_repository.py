@@ -59,9 +59,9 @@ def test_a_version_triton_cannot_name_is_refused(package, tmp_path):
     copy = tmp_path / "pkg"
     shutil.copytree(package, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["version"] = "v1"
+    manifest["version"] = "01"
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ExportError, match="version 'v1'"):
+    with pytest.raises(ExportError, match="version '01'"):
         write_triton_repository(copy, tmp_path / "repo")
 
 
