@@ -53,6 +53,10 @@ TESTS = [
     "torchrec/datasets/tests/test_movielens.py",
     "torchrec/datasets/tests/test_random.py",
     "torchrec/datasets/tests/test_utils.py",
+    # Issue 44: the planner's other public modules and distributed utils (rectrain does not pass them yet).
+    "torchrec/distributed/planner/tests/test_planners.py",
+    "torchrec/distributed/planner/tests/test_types.py",
+    "torchrec/distributed/tests/test_utils.py",
 ]
 
 _SMALL = "num_embeddings=1000, embedding_dim=16, num_iterations=20"

@@ -14,12 +14,11 @@ from torch import nn
 
 from rectrain.embedding.config import BaseEmbeddingConfig
 from rectrain.errors import ConfigError
-from rectrain.planner.enumerate import column_blocks, row_blocks
+from rectrain.planner.enumerate import MIN_CW_DIM, column_blocks, row_blocks
 from rectrain.planner.plan import ModulePlan
 from rectrain.planner.types import EmbeddingComputeKernel, ParameterSharding, Shard, ShardingType
 from rectrain.planner.validate import validate_sharding
 
-MIN_CW_DIM = 128  # TorchRec's narrowest automatic column-wise shard (its planner constants)
 ParameterShardingGenerator = Callable[[BaseEmbeddingConfig, int, int], ParameterSharding]
 _FUSED = EmbeddingComputeKernel.FUSED
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 
-from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig
+from rectrain.embedding.config import BaseEmbeddingConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import (
     PLANNED_SHARDING_TYPES,
@@ -32,32 +32,10 @@ from rectrain.planner.types import (
 
 logger = logging.getLogger(__name__)
 
-CW_SHARD_DIMS = (32, 64, 128, 256)  # column-wise widths tried when the constraints name none
-MIN_CW_DIM = 32  # narrowest automatic column-wise shard (TorchRec uses 128; our tables are often 64 wide)
-
-
-@dataclass
-class ShardingOption:
-    """One way to shard one table. ``features`` holds ``(batch_size, pooling_factor)`` per feature."""
-
-    module_path: str
-    table: BaseEmbeddingConfig
-    sharding_type: ShardingType
-    compute_kernel: EmbeddingComputeKernel
-    shards: list[Shard]
-    features: list[tuple[int, float]]
-
-    @property
-    def name(self) -> str:
-        return self.table.name
-
-    @property
-    def fqn(self) -> str:
-        return f"{self.module_path}.{self.name}" if self.module_path else self.name
-
-    @property
-    def is_pooled(self) -> bool:
-        return isinstance(self.table, EmbeddingBagConfig)
+# Column-wise widths rectrain's planner tries when the constraints name none; the first is its narrowest
+# automatic shard (our tables are often 64 wide).
+CW_SHARD_DIMS = (32, 64, 128, 256)
+MIN_CW_DIM = 128  # TorchRec's narrowest automatic column-wise shard (``calculate_shard_sizes_and_offsets``)
 
 
 def row_blocks(num_rows: int, parts: int) -> list[tuple[int, int]]:
@@ -115,7 +93,9 @@ class EmbeddingEnumerator:
                 for kernel in RUNNABLE_KERNELS:
                     if kernel in allowed_kernels and _kernel_fits(sharding_type, kernel):
                         options.append(
-                            ShardingOption(module_path, table, sharding_type, kernel, shards, features)
+                            ShardingOption.for_table(
+                                module_path, table, sharding_type, kernel, shards, features
+                            )
                         )
         return options
 
@@ -174,7 +154,7 @@ class EmbeddingEnumerator:
         """Column-wise shard widths to try; ``[cols]`` (one column shard, as TorchRec places a table narrower
         than its minimum shard dim) when the table cannot be split further."""
         width = constraint.column_wise_shard_dim
-        min_part = constraint.min_partition or (4 if width is not None else MIN_CW_DIM)
+        min_part = constraint.min_partition or (4 if width is not None else CW_SHARD_DIMS[0])
         if width is not None:
             # An explicit width may give more shards than ranks; several shards then share a rank.
             return [width] if min_part <= width < cols else [cols]

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from rectrain.planner.enumerate import ShardingOption
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import Shard, ShardingType
 
@@ -85,7 +85,7 @@ def partition(
             loads.add(rank, opt.shards[i].perf, opt.shards[i].storage)
             ranks[idx][i] = rank
     placed = [
-        dataclasses.replace(opt, shards=[dataclasses.replace(s, rank=r) for s, r in zip(opt.shards, rs)])
+        opt.with_shards([dataclasses.replace(s, rank=r) for s, r in zip(opt.shards, rs)])
         for opt, rs in zip(options, ranks)
     ]
     return Placement(placed, loads.perf, loads.storage)
@@ -120,7 +120,7 @@ def _movable_groups(options: list[ShardingOption], balance: Balance) -> list[tup
         shards = options[group[0]].shards
         return sum(shards[i].perf if balance == "perf" else shards[i].storage for i in group[1])
 
-    return sorted(groups, key=lambda g: (-weight(g), options[g[0]].module_path, options[g[0]].name, g[1][0]))
+    return sorted(groups, key=lambda g: (-weight(g), options[g[0]].path, options[g[0]].name, g[1][0]))
 
 
 def _key(perf: float, storage: int, balance: Balance) -> tuple[float, float]:

@@ -22,7 +22,7 @@ non-decreasing in the pooling factor, the rows and the columns, so larger tables
 from __future__ import annotations
 
 from rectrain.embedding.config import FusedOptimizerConfig
-from rectrain.planner.enumerate import ShardingOption
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.storage import FP32_BYTES, element_bytes
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import EmbeddingComputeKernel, Shard, ShardingType

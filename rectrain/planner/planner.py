@@ -24,7 +24,7 @@ from torch import nn
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
-from rectrain.planner.enumerate import EmbeddingEnumerator, ShardingOption
+from rectrain.planner.enumerate import EmbeddingEnumerator
 from rectrain.planner.errors import PlannerError
 from rectrain.planner.partition import PartitionFailure, Placement, partition
 from rectrain.planner.perf import estimate_perf
@@ -37,6 +37,7 @@ from rectrain.planner.proposers import (
     memory_lean_proposal,
     uniform_proposals,
 )
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.storage import estimate_storage
 from rectrain.planner.tables import collect_tables
 from rectrain.planner.topology import Topology
@@ -139,7 +140,7 @@ class EmbeddingShardingPlanner:
         storage = estimate_storage(option, self._topology, self._optimizer)
         perf = estimate_perf(option, self._topology, self._optimizer)
         shards = [dataclasses.replace(s, storage=b, perf=t) for s, b, t in zip(option.shards, storage, perf)]
-        return dataclasses.replace(option, shards=shards)
+        return option.with_shards(shards)
 
     def _drop_oversized(self, options: list[ShardingOption]) -> list[ShardingOption]:
         """Options whose every shard fits some rank it may go to, on an empty topology."""
@@ -221,7 +222,7 @@ def _no_fit_error(option: ShardingOption, needed: int, free: list[int]) -> Plann
         f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
     )
     return PlannerError(
-        f"cannot place table {table.name!r} of module {option.module_path!r} "
+        f"cannot place table {table.name!r} of module {option.path!r} "
         f"({table.num_embeddings} x {table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of "
         f"weights): its smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer "
         f"state and buffers; per rank: {shortfall}. Add ranks, raise ddr_cap/hbm_cap, lower the batch "
@@ -238,7 +239,7 @@ def _to_plan(
             ranks = list(range(topology.world_size))
         else:
             ranks = [s.rank for s in option.shards]
-        plan[option.module_path][option.name] = ParameterSharding(
+        plan[option.path][option.name] = ParameterSharding(
             option.sharding_type, option.compute_kernel, ranks, list(option.shards)
         )
     shapes = {

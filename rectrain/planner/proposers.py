@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rectrain.planner.enumerate import ShardingOption
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.types import PLANNED_SHARDING_TYPES, ShardingType
 
 Proposal = tuple[int, ...]

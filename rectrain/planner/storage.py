@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from rectrain.embedding.config import FusedOptimizerConfig
-from rectrain.planner.enumerate import ShardingOption
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import EmbeddingComputeKernel, Shard
 from rectrain.planner.workload import shard_workload

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, unique
+from typing import Any
 
 from rectrain.errors import ConfigError
 
@@ -110,13 +111,15 @@ _UNSUPPORTED = {
 RUNNABLE_KERNELS = (EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED)
 
 
-@dataclass(frozen=True)
+@dataclass(init=False, unsafe_hash=True)
 class Shard:
-    """A rectangle of a table, ``rows [row_offset, row_offset + num_rows) x cols [col_offset, ...)``.
+    """A block of a table, ``rows [row_offset, row_offset + num_rows) x cols [col_offset, ...)``: the shard of
+    a sharding option, of a plan, and TorchRec's planner ``Shard`` (``size`` ``[rows, cols]`` at ``offset``
+    ``[row, col]``; ``Shard(size=..., offset=..., storage=..., perf=..., rank=...)`` builds one too).
 
     ``rank`` is None while the shard is not placed, and for data-parallel tables (replicated on every rank).
-    ``storage`` (bytes) and ``perf`` (seconds per iteration) are the planner's estimates on the shard's rank;
-    they are informative only and may be left out of a hand-written plan.
+    ``storage`` and ``perf`` are estimates of what it needs and costs on its rank, informative only: bytes
+    and seconds per iteration from rectrain's planner, TorchRec's ``Storage`` and ``Perf`` from its API.
     """
 
     row_offset: int
@@ -124,18 +127,28 @@ class Shard:
     col_offset: int
     num_cols: int
     rank: int | None = None
-    storage: int | None = field(default=None, compare=False)
-    perf: float | None = field(default=None, compare=False)
+    storage: Any = field(default=None, compare=False)
+    perf: Any = field(default=None, compare=False)
+
+    def __init__(
+        self, row_offset=0, num_rows=0, col_offset=0, num_cols=0, rank=None, storage=None, perf=None, *,
+        size: list[int] | None = None, offset: list[int] | None = None,
+    ) -> None:  # fmt: skip
+        self.row_offset, self.col_offset = offset or (row_offset, col_offset)
+        self.num_rows, self.num_cols = size or (num_rows, num_cols)
+        self.rank, self.storage, self.perf = rank, storage, perf
 
     @property
-    def shard_offsets(self) -> list[int]:
-        """``[row_offset, col_offset]``, as in TorchRec's ``ShardMetadata``."""
+    def offset(self) -> list[int]:
+        """``[row_offset, col_offset]`` (TorchRec's ``Shard.offset``, ``ShardMetadata.shard_offsets``)."""
         return [self.row_offset, self.col_offset]
 
     @property
-    def shard_sizes(self) -> list[int]:
-        """``[num_rows, num_cols]``, as in TorchRec's ``ShardMetadata``."""
+    def size(self) -> list[int]:
+        """``[num_rows, num_cols]`` (TorchRec's ``Shard.size``, ``ShardMetadata.shard_sizes``)."""
         return [self.num_rows, self.num_cols]
+
+    shard_offsets, shard_sizes = offset, size
 
 
 @dataclass

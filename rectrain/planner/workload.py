@@ -3,14 +3,16 @@
 Shared by the storage and perf estimators so that both count the same buffers. Ids are int64 (8 bytes),
 outputs fp32 (4 bytes). With a per-rank batch ``b`` and world size ``W``, a shard that receives ids from every
 rank sees the global batch ``b * W``; a row-wise shard sees the fraction of those ids that fall in its rows,
-assuming ids are spread uniformly over the table.
+assuming ids are spread uniformly over the table. (TorchRec's rule, ``_calculate_shard_io_sizes`` in
+``rectrain.distributed.planner.shard_estimators``, differs: it gives every row block ``1 / blocks`` of the
+ids, a pooled lookup ``min(1, pooling factor)`` rows per example, and rounds bytes up.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rectrain.planner.enumerate import ShardingOption
+from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import Shard, ShardingType
 

@@ -1,15 +1,13 @@
-import dataclasses
-
 from rectrain.embedding.config import EmbeddingBagConfig
 from rectrain.planner import EmbeddingComputeKernel, Shard, ShardingType, Topology
-from rectrain.planner.enumerate import ShardingOption
 from rectrain.planner.partition import PartitionFailure, Placement, partition
+from rectrain.planner.sharding_option import ShardingOption
 
 
 def _tw(name: str, storage: int, perf: float) -> ShardingOption:
     table = EmbeddingBagConfig(100, 8, name=name)
     shard = Shard(0, 100, 0, 8, storage=storage, perf=perf)
-    return ShardingOption(
+    return ShardingOption.for_table(
         "m", table, ShardingType.TABLE_WISE, EmbeddingComputeKernel.FUSED, [shard], [(1, 1.0)]
     )
 
@@ -54,14 +52,11 @@ def test_row_wise_and_data_parallel_are_fixed():
         Shard(0, 50, 0, 8, rank=0, storage=5, perf=1.0),
         Shard(50, 50, 0, 8, rank=1, storage=5, perf=1.0),
     ]
-    rw = ShardingOption(
+    rw = ShardingOption.for_table(
         "m", table, ShardingType.ROW_WISE, EmbeddingComputeKernel.FUSED, rw_shards, [(1, 1.0)]
     )
-    dp = dataclasses.replace(
-        _tw("dp", 7, 0.5),
-        sharding_type=ShardingType.DATA_PARALLEL,
-        compute_kernel=EmbeddingComputeKernel.DENSE,
-    )
+    dp = _tw("dp", 7, 0.5)
+    dp.sharding_type, dp.compute_kernel = ShardingType.DATA_PARALLEL, EmbeddingComputeKernel.DENSE
     placement = partition([rw, dp], Topology(world_size=2, ddr_cap=100), "perf")
     assert placement.rank_storage == [12, 12]
     assert [s.rank for s in placement.options[0].shards] == [0, 1]

@@ -4,8 +4,8 @@ Capacities and bandwidths are rectrain's own topology defaults (``rectrain.plann
 the figures TorchRec's estimators are documented to use.
 """
 
-from rectrain.distributed.sharding_plan import MIN_CW_DIM
 from rectrain.planner.constraints import POOLING_FACTOR
+from rectrain.planner.enumerate import MIN_CW_DIM
 from rectrain.planner.topology import BWD_COMPUTE_MULTIPLIER, DDR_CAP, HBM_CAP
 
 BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)

@@ -27,7 +27,6 @@ from torch import nn
 
 from rectrain.distributed.planner.constants import POOLING_FACTOR
 from rectrain.distributed.planner.shard_estimators import EmbeddingStorageEstimator
-from rectrain.distributed.planner.sharding_option import PartitionByType, Shard, ShardingOption
 from rectrain.distributed.planner.utils import build_sharder_data_map, sharder_name
 from rectrain.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
@@ -35,8 +34,9 @@ from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError
 from rectrain.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.sharding_option import ShardingOption, get_partition_by_type
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+from rectrain.planner.types import EmbeddingComputeKernel, Shard, ShardingType
 
 logger = logging.getLogger(__name__)
 
@@ -55,24 +55,6 @@ GUARDED_SHARDING_TYPES_FOR_FP_MODULES = {
     ShardingType.TABLE_ROW_WISE.value,
     ShardingType.GRID_SHARD.value,
 }
-
-_PARTITION_BY = {
-    ShardingType.TABLE_WISE.value: PartitionByType.DEVICE,
-    ShardingType.COLUMN_WISE.value: PartitionByType.DEVICE,
-    ShardingType.TABLE_ROW_WISE.value: PartitionByType.HOST,
-    ShardingType.TABLE_COLUMN_WISE.value: PartitionByType.HOST,
-    ShardingType.ROW_WISE.value: PartitionByType.UNIFORM,
-    ShardingType.DATA_PARALLEL.value: PartitionByType.UNIFORM,
-    ShardingType.GRID_SHARD.value: PartitionByType.MULTI_HOST,
-}
-
-
-def get_partition_by_type(sharding_type: str) -> str:
-    """How a partitioner places the shards of ``sharding_type`` (a ``PartitionByType`` value)."""
-    try:
-        return _PARTITION_BY[str(sharding_type)].value
-    except KeyError:
-        raise ValueError(f"unrecognized or unsupported sharding type {sharding_type!r}") from None
 
 
 class EmbeddingEnumerator:

@@ -1,12 +1,13 @@
 """``torchrec.distributed.planner.types`` at rectrain's path: the planner's inputs, its records, its plan and
 its error."""
 
-from rectrain.distributed.planner.sharding_option import PartitionByType, Perf, Shard, ShardingOption
 from rectrain.distributed.planner.utils import SharderData
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.errors import PlannerError
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.sharding_option import PartitionByType, Perf, ShardingOption
 from rectrain.planner.topology import DeviceHardware, Storage, Topology
+from rectrain.planner.types import Shard
 
 __all__ = [
     "DeviceHardware",

@@ -1,9 +1,9 @@
-"""TorchRec's planner records: a :class:`ShardingOption` (one way to shard one table of one module) and its
-:class:`Shard` s (``torchrec.distributed.planner.types``).
+"""The planner's record of one way to shard one table: TorchRec's :class:`ShardingOption` (and its
+:class:`Perf` and :class:`PartitionByType`, ``torchrec.distributed.planner.types``).
 
-These are what TorchRec's enumerator API hands to estimators, proposers and partitioners; they refer to the
-module and its table weight (usually on the meta device) rather than to a table config, as TorchRec's do.
-rectrain's own planner (``rectrain.planner``) plans from table configs with its own records.
+An option refers to its module and table weight (usually on the meta device), as TorchRec's does; rectrain's
+planner, which plans from table configs, builds options with :meth:`ShardingOption.for_table` (the table's
+config in ``table``, a meta weight, and per-feature ``batch_sizes``). Its shards are :class:`Shard` s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.planner.topology import Storage
+from rectrain.planner.types import Shard
 from rectrain.zch.embedding import ManagedCollisionEmbeddingCollection
 
 
@@ -56,27 +58,6 @@ class Perf:
         )
 
 
-@dataclass
-class Shard:
-    """A block of a table: ``size`` ``[rows, cols]`` at ``offset`` ``[row, col]``, with the estimates of what
-    it needs (``storage``) and costs (``perf``) and, once placed, its ``rank``."""
-
-    size: list[int]
-    offset: list[int]
-    storage: Storage | None = None
-    perf: Perf | None = None
-    rank: int | None = None
-
-    def __hash__(self) -> int:
-        return hash((tuple(self.size), tuple(self.offset), self.storage, self.perf, self.rank))
-
-    def __str__(self) -> str:
-        return (
-            f"Shard size: {tuple(self.size)}, offset: {tuple(self.offset)}, storage: {self.storage}, "
-            f"perf: {self.perf}, rank: {self.rank}"
-        )
-
-
 class PartitionByType(Enum):
     """How a partitioner places an option's shards: each on any device, all within one host, one per
     rank in order, or across hosts."""
@@ -87,10 +68,30 @@ class PartitionByType(Enum):
     MULTI_HOST = "multi_host"
 
 
+_PARTITION_BY = {
+    "table_wise": PartitionByType.DEVICE,
+    "column_wise": PartitionByType.DEVICE,
+    "table_row_wise": PartitionByType.HOST,
+    "table_column_wise": PartitionByType.HOST,
+    "row_wise": PartitionByType.UNIFORM,
+    "data_parallel": PartitionByType.UNIFORM,
+    "grid_shard": PartitionByType.MULTI_HOST,
+}
+
+
+def get_partition_by_type(sharding_type: str) -> str:
+    """How a partitioner places the shards of ``sharding_type`` (a ``PartitionByType`` value)."""
+    try:
+        return _PARTITION_BY[str(sharding_type)].value
+    except KeyError:
+        raise ValueError(f"unrecognized or unsupported sharding type {sharding_type!r}") from None
+
+
 class ShardingOption:
     """One way to shard the table ``name`` of ``module`` (``(path, module)``): its sharding type, compute
     kernel and shards, with the workload the estimators read (``input_lengths``: pooling factor per feature,
-    ``batch_size``). ``dependency`` names the embedding tower the table must stay with, if any."""
+    ``batch_size``, or ``batch_sizes`` per feature). ``dependency`` names the embedding tower the table must
+    stay with, if any. ``table``: the table's config, when the option was made from one (``for_table``)."""
 
     def __init__(
         self,
@@ -113,6 +114,8 @@ class ShardingOption:
         output_dtype: Any = None,
         key_value_params: Any = None,
         num_poolings: list[float] | None = None,
+        table: BaseEmbeddingConfig | None = None,
+        batch_sizes: list[int] | None = None,
     ) -> None:
         self.name = name
         self._tensor = tensor
@@ -133,10 +136,37 @@ class ShardingOption:
         self.output_dtype = output_dtype
         self.key_value_params = key_value_params
         self.num_poolings = num_poolings
+        self.table, self.batch_sizes = table, batch_sizes
         child = module[1]
         self._module_type_key = f"{type(child).__module__}.{type(child).__name__}"
         is_weighted = getattr(child, "is_weighted", None)
         self.is_weighted: bool | None = is_weighted() if callable(is_weighted) else None
+
+    @classmethod
+    def for_table(
+        cls,
+        module_path: str,
+        table: BaseEmbeddingConfig,
+        sharding_type: str,
+        compute_kernel: str,
+        shards: list[Shard],
+        features: list[tuple[int, float]],
+    ) -> ShardingOption:
+        """An option of the table ``table`` of the module at ``module_path`` (``features``: ``(batch size,
+        pooling factor)`` per feature), as rectrain's planner enumerates them from table configs."""
+        dtype = {32: torch.float32, 16: torch.float16}.get(table.data_type.bits, torch.uint8)
+        weight = torch.empty(table.num_embeddings, table.embedding_dim, device="meta", dtype=dtype)
+        batch_sizes, input_lengths = [b for b, _ in features], [p for _, p in features]
+        return cls(
+            table.name, weight, (module_path, None), input_lengths, batch_sizes[0], sharding_type,
+            get_partition_by_type(sharding_type), compute_kernel, shards,
+            is_pooled=isinstance(table, EmbeddingBagConfig), table=table, batch_sizes=batch_sizes,
+        )  # fmt: skip
+
+    @property
+    def features(self) -> list[tuple[int, float]]:
+        """``(batch size, pooling factor)`` of every feature."""
+        return list(zip(self.batch_sizes or [self.batch_size] * self.num_inputs, self.input_lengths))
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -199,6 +229,12 @@ class ShardingOption:
             ):
                 return False
         return True
+
+    def with_shards(self, shards: list[Shard]) -> ShardingOption:
+        """This option with other ``shards`` (everything else shared, not copied)."""
+        result = copy.copy(self)
+        result.shards = shards
+        return result
 
     def get_shards_assignment(self) -> list[int | None]:
         return [shard.rank for shard in self.shards]
