@@ -111,9 +111,7 @@ class RecServer:
         self.metrics = metrics or ServerMetrics()
         package = cfg.package if cfg.package is not None else newest_version_dir(Path(cfg.watch))
         if package is None:
-            raise FileNotFoundError(
-                f"--watch {cfg.watch}: no numbered version directory holds a manifest.json"
-            )
+            raise StartupError(f"--watch {cfg.watch}: no numbered version directory holds a manifest.json")
         check_version_dir(Path(package), cfg.watch)
         bc = cfg.batcher_config()
         runner = load_runner(Path(package), bc, self.metrics, cfg.device, cfg.dense_dtype)

@@ -71,3 +71,15 @@ def test_only_ascii_digit_folders_are_versions(package, tmp_path):
     for folder in ("2", "10", "²", "٣٣", "11a", "1\n"):
         shutil.copytree(package, tmp_path / folder)
     assert newest_version_dir(tmp_path) == tmp_path / "10"  # '²'.isdigit() holds, but int('²') fails
+
+
+def test_watching_a_directory_without_versions_is_one_line(tmp_path):
+    (tmp_path / "models").mkdir()
+    args = ["--watch", str(tmp_path / "models"), "--workers", "1", "--port", str(free_port())]
+    args += ["--metrics-port", "-1", "--admin-port", "-1"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    expected = f"--watch {tmp_path / 'models'}: no numbered version directory holds a manifest.json"
+    assert f"recserve serve: error: {expected}" in done.stderr.splitlines(), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
