@@ -3,7 +3,7 @@
 ``rectrain ebc`` runs the backward ``auto`` picks on this machine (printed, with why); ``ebc native bwd``
 (our compiled backward, rectrain.embedding.cpu_kernel) and ``ebc fbgemm bwd`` force either kernel
 (rectrain.embedding.backward_choice). All variants run FBGEMM's forward.
-The standard workload's tables (bench/WORKLOAD.md): 8 tables x 100,000 rows x 64 dims, one feature each,
+The standard workload's tables (docs/benchmarks.md): 8 tables x 100,000 rows x 64 dims, one feature each,
 1..39 ids per example per feature, batch 2048, lr 0.05. Each timed step runs the variants back to back in a
 seeded random order on the same pre-built batch, so machine noise hits them alike; the figure per variant
 is the median over the timed steps. The raw TBE is built with the same arguments our collection passes to

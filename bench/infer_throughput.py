@@ -1,4 +1,4 @@
-"""In-process inference throughput of exported packages on the standard workload (WORKLOAD.md).
+"""In-process inference throughput of exported packages on the standard workload (docs/benchmarks.md).
 
 Exports the workload's DLRM (8 tables x 100,000 x 64, bottom 13-512-256-64, top 512-256-1; random init as in
 the peer script) once per table dtype through ``recserve.export.export_package``, loads each package with

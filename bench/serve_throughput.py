@@ -1,4 +1,4 @@
-"""Served capacity and latency of the standard workload (WORKLOAD.md) over gRPC vs the in-process predictor.
+"""Served capacity and latency of the standard workload (docs/benchmarks.md), over gRPC vs in process.
 
 Exports the standard DLRM (8 tables x 100k x 64, int8 tables, fp32 dense; seeded random weights) to a temp
 package, measures ``Predictor.predict`` at batch 512 in process, then starts ``recserve serve`` in its own

@@ -1,6 +1,6 @@
 """The TorchRec reference the benchmarks compare against, run in TorchRec's own venv.
 
-``train``: TorchRec 1.8.0's DLRM on the standard workload (bench/WORKLOAD.md: 8 x 100k x 64 tables, 13 dense
+``train``: TorchRec 1.8.0's DLRM on the standard workload (docs/benchmarks.md: 8 x 100k x 64 tables, 13 dense
 features, batch 2048, 1..39 ids per bag), tables sharded by TorchRec's planner with fused row-wise Adagrad
 (lr 0.05), dense Adagrad; warm-up 3 steps, then ``--steps`` timed. Last line: ``torchrec train examples/s N``
 (global). ``infer``: TorchRec's int8-quantized DLRM forward in-process; last line

@@ -1,4 +1,4 @@
-"""Training throughput of our DLRM under DistributedModelParallel on the standard workload (WORKLOAD.md).
+"""Training throughput of DLRM under DistributedModelParallel on the standard workload (docs/benchmarks.md).
 
 Mirrors bench/torchrec_reference.py (train) step for step: the same batches (a generator seeded
 ``1000 * rank + step``, 4 cached per rank), 3 warm-up steps, then ``--steps`` timed steps between barriers;
