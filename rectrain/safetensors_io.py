@@ -27,18 +27,20 @@ from torch import Tensor
 ALIGN = 64
 CHUNK_BYTES = 32 * 2**20  # the most a read or a non-contiguous write stages at once
 _DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
     torch.float16: "F16",
     torch.bfloat16: "BF16",
-    torch.int64: "I64",
     torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
+    torch.float32: "F32",
+    torch.int64: "I64",
+    torch.float64: "F64",
 }
 _NAMES = {name: dtype for dtype, name in _DTYPES.items()}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+_SHOWN = 200  # characters of a hostile value quoted in a message
 
 
 class SafetensorsFormatError(ValueError):
@@ -64,6 +66,11 @@ class TensorSpec:
         return self.nbytes // self.shape[0] if self.shape and self.shape[0] else self.nbytes
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """safetensors' name of a dtype this module stores ("F32", "U8", ...)."""
+    return _DTYPES[dtype]
+
+
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
@@ -82,6 +89,63 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused if a key repeats (JSON keeps the last one, hiding the bytes of the first)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(f"key {_show(key)} appears twice")
+        out[key] = value
+    return out
+
+
+def _show(value: Any) -> str:
+    """``value`` quoted and cut short: a message shows hostile values without their control characters."""
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # not bool, not a float that equals an integer
+
+
+def _entry(where: str, entry: Any, data_bytes: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """``(dtype, shape, begin, end)`` of one header entry; SafetensorsFormatError naming ``where``."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise SafetensorsFormatError(
+            f"{where}: needs 'dtype', 'shape' and 'data_offsets'; got {_show(entry)}"
+        )
+    name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(name, str) or name not in _NAMES:
+        raise SafetensorsFormatError(f"{where}: dtype {_show(name)} is not one of {', '.join(_NAMES)}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise SafetensorsFormatError(
+            f"{where}: shape {_show(shape)}: must be a list of non-negative integers"
+        )
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets):
+        raise SafetensorsFormatError(
+            f"{where}: data_offsets {_show(offsets)}: must be two non-negative integers"
+        )
+    begin, end = offsets
+    if begin > end:
+        raise SafetensorsFormatError(f"{where}: data_offsets [{begin}, {end}]: begins after it ends")
+    if end > data_bytes:
+        raise SafetensorsFormatError(
+            f"{where}: data_offsets [{begin}, {end}]: ends past the data section ({data_bytes} bytes)"
+        )
+    needed = math.prod(shape) * _element_size(_NAMES[name])
+    if end - begin != needed:
+        raise SafetensorsFormatError(
+            f"{where}: data_offsets [{begin}, {end}]: {end - begin} bytes, but shape {shape} of {name} "
+            f"is {needed} bytes"
+        )
+    return _NAMES[name], tuple(shape), begin, end
 
 
 class SafetensorsWriter:
@@ -198,37 +262,60 @@ class SafetensorsFile:
             raise
 
     def _parse(self) -> tuple[dict[str, TensorSpec], dict[str, str]]:
+        """The header, checked: every tensor's dtype known, its shape non-negative integers, its byte range
+        inside the data section and exactly its shape's size, the ranges neither overlapping nor leaving
+        bytes between or after them (as safetensors requires). A file whose header lies could otherwise have
+        a tensor read from the header's own bytes or from another tensor's."""
+        header, data_start, data_bytes = self._read_header()
+        metadata = header.pop("__metadata__", None) or {}
+        specs, spans = {}, []
+        for name, entry in header.items():
+            dtype, shape, begin, end = _entry(f"{self.path}: tensor {_show(name)}", entry, data_bytes)
+            specs[name] = TensorSpec(name, dtype, shape, data_start + begin)
+            spans.append((begin, end, name))
+        covered, previous = 0, None
+        for begin, end, name in sorted(spans):
+            if begin != covered:
+                problem = (
+                    f"overlaps tensor {_show(previous)}, which ends at {covered}"
+                    if begin < covered
+                    else f"leaves bytes [{covered}, {begin}) of the data section unused"
+                )
+                raise SafetensorsFormatError(
+                    f"{self.path}: tensor {_show(name)}: data_offsets [{begin}, {end}]: {problem}"
+                )
+            covered, previous = end, name
+        if covered != data_bytes:
+            raise SafetensorsFormatError(
+                f"{self.path}: the tensors end at byte {covered} of the data section, which holds "
+                f"{data_bytes}; safetensors files have no unused bytes"
+            )
+        return specs, metadata
+
+    def _read_header(self) -> tuple[dict[str, Any], int, int]:
+        """The header's JSON object, the data section's first file offset and its size in bytes."""
+        unreadable = f"{self.path}: cannot be read as safetensors:"
         size = os.fstat(self._file.fileno()).st_size
         head = self._file.read(8)
         if len(head) < 8:
-            raise SafetensorsFormatError(f"{self.path}: too short for a safetensors header")
+            raise SafetensorsFormatError(f"{unreadable} {size} bytes, too short for a header")
         (length,) = struct.unpack("<Q", head)
-        if length > min(size - 8, 100 * 2**20):
-            raise SafetensorsFormatError(f"{self.path}: header length {length} exceeds the file")
+        if length > min(size - 8, MAX_HEADER_BYTES):
+            raise SafetensorsFormatError(
+                f"{unreadable} header length {length} exceeds the file ({size} bytes) or safetensors' "
+                f"limit ({MAX_HEADER_BYTES} bytes)"
+            )
         try:
-            header = json.loads(self._file.read(length))
+            header = json.loads(self._file.read(length).decode("utf-8"), object_pairs_hook=_unique_keys)
+        except _RepeatedKey as error:
+            raise SafetensorsFormatError(f"{self.path}: header: {error}") from None
+        except RecursionError:
+            raise SafetensorsFormatError(f"{unreadable} its header is nested too deeply") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise SafetensorsFormatError(f"{self.path}: header is not JSON ({error})") from None
+            raise SafetensorsFormatError(f"{unreadable} its header is not JSON ({error})") from None
         if not isinstance(header, dict):
-            raise SafetensorsFormatError(f"{self.path}: header is not a JSON object")
-        metadata = header.pop("__metadata__", None) or {}
-        specs, data_start = {}, 8 + length
-        for name, entry in header.items():
-            try:
-                dtype = _NAMES[entry["dtype"]]
-                shape = tuple(int(n) for n in entry["shape"])
-                begin, end = (int(n) for n in entry["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                raise SafetensorsFormatError(
-                    f"{self.path}: tensor {name!r}: malformed header entry"
-                ) from None
-            spec = TensorSpec(name, dtype, shape, data_start + begin)
-            if end - begin != spec.nbytes or data_start + end > size:
-                raise SafetensorsFormatError(
-                    f"{self.path}: tensor {name!r}: byte range does not fit its shape"
-                )
-            specs[name] = spec
-        return specs, metadata
+            raise SafetensorsFormatError(f"{unreadable} its header is not a JSON object")
+        return header, 8 + length, size - 8 - length
 
     def __enter__(self) -> SafetensorsFile:
         return self

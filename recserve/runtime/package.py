@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from recserve.errors import PackageError
 from recserve.runtime.layout import QuantizedTable, TableDType
 from recserve.runtime.placement import ServingPlacement, TableShard
 from rectrain.durable import sha256_file
+from rectrain.safetensors_io import SafetensorsFile, SafetensorsFormatError, dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -236,148 +235,41 @@ def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
 
 # Safetensors headers. A file's sha256 only proves that it is the file its author listed, and an author can
 # list one whose header points a tensor at the header's own bytes (a negative offset) or at another tensor's;
-# the table files are mapped here, not through safetensors. So every header is checked before a tensor is
-# taken from it, with messages naming the tensor, and then opened by ``safetensors.safe_open`` (which maps
-# the file without reading it) so that the library's own rules have the last word.
-
-# Bytes per element of safetensors' whole-byte dtypes (its sub-byte ones are never written by export).
-DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
-_SHOWN = 200  # characters of a hostile value quoted in a message
+# the table files are mapped here, not through safetensors. So every header is checked by the project's
+# reader (``rectrain.safetensors_io``, which names the tensor and the problem) before a tensor is taken from
+# it, then opened by ``safetensors.safe_open`` (which maps the file without reading it) so that the
+# library's own rules have the last word.
 
 
 @dataclass(frozen=True)
 class StoredTensor:
     """One tensor of a checked header: ``start`` is the absolute file offset of its first byte."""
 
-    dtype: str
+    dtype: str  # safetensors' name of it, e.g. "U8"
     shape: tuple[int, ...]
     start: int
     nbytes: int
 
 
-def _show(value: Any) -> str:
-    """``value`` quoted and cut short: a message shows hostile values without their control characters."""
-    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object, refused if a key repeats (JSON keeps the last one, hiding the bytes of the first)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise PackageError(f"key {_show(key)} appears twice")
-        out[key] = value
-    return out
-
-
-def _read_header(path: Path) -> tuple[dict[str, Any], int, int]:
-    """The header's JSON object, the data section's first file offset and its size in bytes."""
-    unreadable = f"{path}: cannot be read as safetensors:"
-    with open(path, "rb") as file:
-        size = file.seek(0, 2)
-        file.seek(0)
-        head = file.read(8)
-        if len(head) < 8:
-            raise PackageError(f"{unreadable} {size} bytes, too short for a header")
-        (length,) = struct.unpack("<Q", head)
-        if length > min(size - 8, MAX_HEADER_BYTES):
-            raise PackageError(
-                f"{unreadable} header length {length} exceeds the file ({size} bytes) or safetensors' "
-                f"limit ({MAX_HEADER_BYTES} bytes)"
-            )
-        raw = file.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except PackageError as error:
-        raise PackageError(f"{path}: header: {error}") from None
-    except RecursionError:
-        raise PackageError(f"{unreadable} its header is nested too deeply") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PackageError(f"{unreadable} its header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise PackageError(f"{unreadable} its header is not a JSON object")
-    return header, 8 + length, size - 8 - length
-
-
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0  # not bool, not a float that equals an integer
-
-
-def _entry(where: str, entry: Any, data_bytes: int) -> tuple[str, tuple[int, ...], int, int]:
-    """``(dtype, shape, begin, end)`` of one header entry; PackageError naming ``where`` and the problem."""
-    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-        raise PackageError(f"{where}: needs 'dtype', 'shape' and 'data_offsets'; got {_show(entry)}")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise PackageError(f"{where}: dtype {_show(dtype)} is not one of {', '.join(DTYPE_BYTES)}")
-    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
-        raise PackageError(f"{where}: shape {_show(shape)}: must be a list of non-negative integers")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets):
-        raise PackageError(f"{where}: data_offsets {_show(offsets)}: must be two non-negative integers")
-    begin, end = offsets
-    if begin > end:
-        raise PackageError(f"{where}: data_offsets [{begin}, {end}]: begins after it ends")
-    if end > data_bytes:
-        raise PackageError(
-            f"{where}: data_offsets [{begin}, {end}]: ends past the data section ({data_bytes} bytes)"
-        )
-    needed = math.prod(shape) * DTYPE_BYTES[dtype]
-    if end - begin != needed:
-        raise PackageError(
-            f"{where}: data_offsets [{begin}, {end}]: {end - begin} bytes, but shape {shape} of {dtype} "
-            f"is {needed} bytes"
-        )
-    return dtype, tuple(shape), begin, end
-
-
 def check_safetensors_file(path: str | Path) -> dict[str, StoredTensor]:
-    """The tensors of the safetensors file ``path``, after checking its header without reading the data.
-
-    Each tensor's dtype is known, its shape a list of non-negative integers and its ``data_offsets`` two
-    non-negative integers ``begin <= end`` inside the data section holding exactly shape x dtype size bytes;
-    the tensors do not overlap and cover the data section (as safetensors requires). PackageError naming
-    the file, the tensor and the problem otherwise.
-    """
+    """The tensors of the safetensors file ``path``, after checking its header without reading the data
+    (``SafetensorsFile`` and then ``safe_open``); PackageError naming the file, the tensor and the problem."""
     path = Path(path)
     try:
-        header, data_start, data_bytes = _read_header(path)
+        with SafetensorsFile(path) as stored:
+            specs = stored.specs
+    except SafetensorsFormatError as error:
+        raise PackageError(str(error)) from None
     except OSError as error:
         raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
-    header.pop("__metadata__", None)
-    spans = []
-    for name, entry in header.items():
-        dtype, shape, begin, end = _entry(f"{path}: tensor {_show(name)}", entry, data_bytes)
-        spans.append((begin, end, name, dtype, shape))
-    covered, previous = 0, None
-    for begin, end, name, _, _ in sorted(spans):
-        if begin != covered:
-            problem = (
-                f"overlaps tensor {_show(previous)}, which ends at {covered}"
-                if begin < covered
-                else f"leaves bytes [{covered}, {begin}) of the data section unused"
-            )
-            raise PackageError(f"{path}: tensor {_show(name)}: data_offsets [{begin}, {end}]: {problem}")
-        covered, previous = end, name
-    if covered != data_bytes:
-        raise PackageError(
-            f"{path}: the tensors end at byte {covered} of the data section, which holds {data_bytes}; "
-            "safetensors files have no unused bytes"
-        )
     try:
         with safe_open(str(path), framework="pt"):
             pass
     except (SafetensorError, OSError) as error:
-        raise PackageError(f"{path}: refused by safetensors ({_show(str(error))})") from None
+        raise PackageError(f"{path}: refused by safetensors ({str(error)[:200]!r})") from None
     return {
-        name: StoredTensor(dtype, shape, data_start + begin, end - begin)
-        for begin, end, name, dtype, shape in spans
+        name: StoredTensor(dtype_name(spec.dtype), spec.shape, spec.start, spec.nbytes)
+        for name, spec in specs.items()
     }
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import threading
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from recserve.errors import OverloadedError
 
 GIB = 1 << 30
 # The default's cap: with what a worker holds beyond its budget (allocator slack, the request being parsed)
@@ -31,8 +30,8 @@ MAX_DEFAULT_BUDGET = GIB // 2
 DECODE_FACTOR = 3
 
 
-class BudgetExhausted(Exception):
-    """A reservation did not fit in the budget (the transport answers RESOURCE_EXHAUSTED / 503)."""
+class BudgetExhausted(OverloadedError):
+    """A reservation did not fit in the budget (RESOURCE_EXHAUSTED; REST answers 503 with Retry-After)."""
 
 
 class MemoryBudget:
