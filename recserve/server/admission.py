@@ -1,11 +1,11 @@
-"""Admission control: a bounded count of RPCs in flight per worker process, decided when an RPC arrives.
+"""Admission control: a bounded count of RPCs in flight per worker, decided once a request has arrived.
 
-gRPC Python hands every RPC to its handler thread pool, whose queue is unbounded: without a limit in front of
-it, a burst waits there (invisible to the batcher, whose queue never fills) until clients give up. The
-interceptor (:mod:`recserve.server.status`) asks :class:`AdmissionLimit` on gRPC's polling thread, at arrival;
-an RPC over the limit is answered RESOURCE_EXHAUSTED by a small pool of its own (``shed_pool``), so refusals
-never wait behind admitted work. The limit is at most the handler threads, so that every admitted RPC has a
-thread at once and the queue that builds up under load is the batcher's, where deadlines are enforced.
+The interceptor (:mod:`recserve.server.status`) asks :class:`AdmissionLimit` as a unary handler starts, i.e.
+once its request message is complete, so a client that never finishes a message holds no slot (the read
+watch of :mod:`recserve.server.reads` ends it). An RPC over the limit is answered RESOURCE_EXHAUSTED at once.
+The limit is at most ``--grpc-threads``, so that every admitted RPC has a thread and the queue that builds up
+under load is the batcher's, where deadlines are enforced. :class:`QueueLag` refuses new RPCs on gRPC's
+polling thread, before anything is read, while calls wait too long for a thread.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import secrets
 import tempfile
 import threading
 import time
-from concurrent import futures
 
 import grpc
 
@@ -58,11 +57,6 @@ class AdmissionLimit:
     @property
     def in_flight(self) -> int:
         return self._count
-
-
-def shed_pool() -> futures.ThreadPoolExecutor:
-    """The threads that answer refused RPCs: two are plenty, a refusal takes microseconds."""
-    return futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grpc-shed")
 
 
 class QueueLag:

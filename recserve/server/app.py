@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import threading
-from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from recserve.errors import StartupError
 from recserve.server.admin import build_admin_server
-from recserve.server.admission import AdmissionLimit, QueueLag, private_socket, shed_pool
+from recserve.server.admission import AdmissionLimit, QueueLag, private_socket
 from recserve.server.batcher import BatcherConfig
 from recserve.server.budget import MemoryBudget
 from recserve.server.config import ServeConfig
@@ -35,6 +34,7 @@ from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
 from recserve.server.ports import bind_grpc, bind_with
 from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
+from recserve.server.reads import ReadWatch, WatchedPool, fast_read_slots
 from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
 from recserve.server.rest import RestApi, RestServer
 from recserve.server.runner import ModelRunner
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 HEALTH_SERVICES = ("", PREDICTOR_SERVICE, OIP_SERVICE)
 _MAX_PENDING_CALLS = 1 << 20
+# Pool threads beyond --grpc-threads for calls whose request message is still arriving.
+READING_THREADS = 256
 
 
 def load_runner(
@@ -143,7 +145,17 @@ class RecServer:
         if cfg.max_queue_lag_ms > 0:
             watched = (f"/{PREDICTOR_SERVICE}/Predict", f"/{OIP_SERVICE}/ModelInfer")
             self.lag = QueueLag(watched, target_s=cfg.max_queue_lag_ms / 1000.0)
-        self._shed_pool = shed_pool()
+        # One budget for what requests hold once arrived, over gRPC and REST alike; gRPC messages stream into
+        # memory at full speed a few at a time (recserve.server.reads).
+        self.budget = MemoryBudget(cfg.effective_request_memory)
+        self.read_watch = ReadWatch(
+            read_timeout_s=cfg.grpc_read_timeout_s,
+            fast_reads=fast_read_slots(cfg.effective_request_memory, cfg.max_message_bytes),
+        )
+        self._shed_pool = WatchedPool(2, self.read_watch, thread_name_prefix="grpc-shed")
+        self._streaming_pool = WatchedPool(
+            cfg.max_streaming_calls, self.read_watch, thread_name_prefix="grpc-stream", streaming=True
+        )
         self._server = self._build_grpc_server()
         self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.control, self.metrics)
         self._metrics_http = None
@@ -157,7 +169,7 @@ class RecServer:
                 self.admission,
                 device=cfg.device,
                 read_timeout_s=limits.read_timeout_s,
-                budget=MemoryBudget(cfg.effective_request_memory),
+                budget=self.budget,
             )
             self._rest = RestServer(
                 api,
@@ -183,19 +195,33 @@ class RecServer:
             # and 3,000 pending, as CANCELLED, seen by no interceptor): let admission control decide instead.
             ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
             ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
+            # Messages reach the handler as sent, to be inflated under the budget (recserve.server.reads).
+            ("grpc.per_message_decompression", 0),
+            # Without BDP probing a stream's receive window stays small until its message is read, so gRPC core
+            # does not buffer messages that no pool thread reads yet.
+            ("grpc.http2.bdp_probe", 0),
             *connection_options(cfg),
         ]
+        # A call holds a pool thread while its request message arrives (grpcio reads it on that thread), so
+        # the pool has room for calls still reading beyond the handlers; the read watch ends the slow ones.
+        threads = cfg.grpc_threads + READING_THREADS
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.grpc_threads, thread_name_prefix="grpc"),
+            WatchedPool(threads, self.read_watch, thread_name_prefix="grpc"),
             interceptors=[
                 StatusInterceptor(
-                    self.metrics, admission=self.admission, lag=self.lag, shed_pool=self._shed_pool
+                    self.metrics,
+                    admission=self.admission,
+                    lag=self.lag,
+                    shed_pool=self._shed_pool,
+                    streaming_pool=self._streaming_pool,
+                    budget=self.budget,
+                    max_message_bytes=cfg.max_message_bytes,
                 )
             ],
             options=options,
-            # Past one RPC per handler thread gRPC itself refuses, on its polling thread (the cheapest refusal
+            # Past one RPC per pool thread gRPC itself refuses, on its polling thread (the cheapest refusal
             # there is, so a burst is shed at the rate it arrives); the interceptor counts those too.
-            maximum_concurrent_rpcs=cfg.grpc_threads,
+            maximum_concurrent_rpcs=threads,
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
@@ -209,6 +235,7 @@ class RecServer:
 
     def start(self) -> int:
         cfg = self.cfg
+        self.read_watch.start()
         if isinstance(self.control, SharedControl):
             # A worker that starts late catches up on the model calls the others got before it serves.
             self.control.start()
@@ -288,7 +315,9 @@ class RecServer:
         grpc_stopped.wait()
         if self._probe_dir is not None:
             shutil.rmtree(self._probe_dir, ignore_errors=True)
-        self._shed_pool.shutdown(wait=False)
+        self.read_watch.stop()
+        for pool in (self._shed_pool, self._streaming_pool):
+            pool.shutdown(wait=False)
         self.core.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()

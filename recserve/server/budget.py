@@ -28,6 +28,8 @@ MAX_DEFAULT_BUDGET = GIB // 2
 # What one request's message costs beyond its bytes on the wire: the bytes, the parsed message and the
 # decoded tensors exist at once while it is turned into a batch item.
 DECODE_FACTOR = 3
+# Reservations from this size up count towards the next heap trim (HeapTrimmer).
+LARGE_REQUEST_BYTES = 1 << 20
 
 
 class BudgetExhausted(OverloadedError):
@@ -151,7 +153,7 @@ class HeapTrimmer:
 
     A burst of large requests leaves glibc's arenas holding their peak; ``malloc_trim`` returns the free
     pages, so the worker's resident memory follows the budget down as well as up. Called as reservations are
-    released; a trim runs once ``min_bytes`` have been freed since the last.
+    released; a trim runs once ``min_bytes`` of large reservations have been freed since the last.
     """
 
     def __init__(self, min_bytes: int = 64 << 20) -> None:
@@ -161,7 +163,8 @@ class HeapTrimmer:
         self._trim = _malloc_trim()
 
     def freed(self, nbytes: int) -> None:
-        if self._trim is None:
+        # Small requests reuse the heap they freed; a trim after them only costs page faults later.
+        if self._trim is None or nbytes < LARGE_REQUEST_BYTES:
             return
         with self._lock:
             self._freed += nbytes

@@ -109,9 +109,25 @@ def _add_serve(subparsers) -> None:
     p.add_argument(
         "--request-memory-mb",
         type=float,
-        help="MiB each worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); "
-        "past it they are refused with 503. Default: a quarter of the worker's share of the memory limit, "
-        "at most 512",
+        help="MiB each worker's requests may hold at once, gRPC and REST (bodies, inflated bodies, decoded "
+        "tensors); past it they are refused (RESOURCE_EXHAUSTED / 503). It also sets how many gRPC messages "
+        "may stream in at full speed at once (this over twice --max-message-mb, at least 8). Default: a "
+        "quarter of the worker's share of the memory limit, at most 512",
+    )
+    p.add_argument(
+        "--grpc-read-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a gRPC request message may take to arrive once the server reads it; then the call "
+        "ends DEADLINE_EXCEEDED (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-streaming-calls",
+        type=int,
+        default=16,
+        help="threads for streaming gRPC calls (health Watch, reflection) per worker; more wait for one, "
+        "and end DEADLINE_EXCEEDED if their first message is not in within --grpc-read-timeout "
+        "(default %(default)s)",
     )
     p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
@@ -195,6 +211,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue_lag_ms=args.max_queue_lag_ms,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         request_memory_bytes=None if args.request_memory_mb is None else int(args.request_memory_mb * 2**20),
+        grpc_read_timeout_s=args.grpc_read_timeout,
+        max_streaming_calls=args.max_streaming_calls,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,

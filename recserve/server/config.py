@@ -78,6 +78,11 @@ class ServeConfig:
     # Bytes this worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); None:
     # derived from the worker's memory share (recserve.server.budget.default_request_budget).
     request_memory_bytes: int | None = None
+    # A gRPC call whose request message has not arrived this long after a thread started reading it is ended
+    # (DEADLINE_EXCEEDED); until it has arrived it holds no in-flight slot and no budget.
+    grpc_read_timeout_s: float = 5.0
+    # Streaming calls (health Watch, reflection) at once per worker, on a pool of their own.
+    max_streaming_calls: int = 16
     # gRPC connections: closed after this age (clients reconnect, so load spreads over new workers and pods,
     # and no connection lives for ever), or after this long without an RPC; pings find dead peers.
     grpc_max_connection_age_s: float = 3600.0
@@ -142,6 +147,12 @@ class ServeConfig:
                 f"--request-memory-mb: {self.request_memory_bytes / 2**20:g} MiB is less than one request of "
                 f"--max-message-mb ({self.max_message_bytes / 2**20:g} MiB)"
             )
+        if not self.grpc_read_timeout_s > 0:
+            raise ServeConfigError(
+                f"--grpc-read-timeout: expected seconds > 0, got {self.grpc_read_timeout_s}"
+            )
+        if self.max_streaming_calls < 1:
+            raise ServeConfigError(f"--max-streaming-calls: expected >= 1, got {self.max_streaming_calls}")
         if self.max_queue_lag_ms < 0:
             raise ServeConfigError(f"--max-queue-lag-ms: expected >= 0 (0: off), got {self.max_queue_lag_ms}")
         self._check_admin()

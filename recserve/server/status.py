@@ -1,22 +1,29 @@
 """The one place that maps recserve's exceptions to gRPC status codes, admits RPCs, and counts every outcome.
 
-Servicers raise; :class:`StatusInterceptor` catches, aborts the RPC with the mapped code and the exception's
-message, and records ``recserve_requests_total{method,code}`` and ``recserve_request_latency_seconds`` once
-per RPC, whatever its end:
+:class:`StatusInterceptor` wraps every handler of a server. A unary call is read as bytes: only once its
+request message has arrived (:mod:`recserve.server.reads` ends calls whose message is late) does it take an
+in-flight slot (:mod:`recserve.server.admission`), reserve ``DECODE_FACTOR`` times its size from the worker's
+request memory budget (:mod:`recserve.server.budget`), inflate if compressed, and parse. Servicers raise; the
+interceptor catches, aborts the RPC with the mapped code and the exception's message, and records
+``recserve_requests_total{method,code}`` and ``recserve_request_latency_seconds`` once per RPC, whatever its
+end:
 
 - handled: the code of the reply (OK or the mapped error); a reply the client no longer waits for (it
   cancelled, or its deadline passed while the handler ran) counts as CANCELLED or DEADLINE_EXCEEDED;
-- refused by admission control (:mod:`recserve.server.admission`), or by gRPC's own
-  ``maximum_concurrent_rpcs`` ("Concurrent RPC limit exceeded!"): RESOURCE_EXHAUSTED;
+- refused for load (in-flight slots, budget, queue lag) or by gRPC's own ``maximum_concurrent_rpcs``
+  ("Concurrent RPC limit exceeded!"): RESOURCE_EXHAUSTED;
+- ended by the read watch: DEADLINE_EXCEEDED (message not in within ``--grpc-read-timeout``) or
+  RESOURCE_EXHAUSTED (too many slow messages at once);
 - ended before a handler thread picked it up (the client cancelled or its deadline passed first, or gRPC
   dropped the message, e.g. one over ``--max-message-mb``): CANCELLED;
 - addressed to a method the server does not have: UNIMPLEMENTED with ``method="unknown"`` (the name is the
   client's choice, so it never becomes a label).
 
-gRPC calls no handler in the last three cases, so the interceptor notices through a finalizer on the handler
-it returned, which gRPC drops once done with it. gRPC calls ``intercept_service`` on its polling thread as an
+gRPC calls no handler in the last cases, so the interceptor notices through a finalizer on the handler it
+returned, which gRPC drops once done with it. gRPC calls ``intercept_service`` on its polling thread as an
 RPC arrives and, when it refuses the RPC for its concurrency limit, drops the handler right there, on that
 thread; a handler dropped on any other thread belonged to an RPC that ended while waiting for a pool thread.
+Streaming calls (health ``Watch``, reflection) run on a small pool of their own and are not counted.
 """
 
 from __future__ import annotations
@@ -25,7 +32,6 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -42,7 +48,9 @@ from recserve.errors import (
     UnavailableError,
 )
 from recserve.server.admission import AdmissionLimit, QueueLag, answer_probe
+from recserve.server.budget import DECODE_FACTOR, MemoryBudget
 from recserve.server.metrics import ServerMetrics
+from recserve.server.reads import OUTCOME_ATTRIBUTE, MessageTooLarge, inflated_message, message_arrived
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,7 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (MessageTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
@@ -76,13 +85,12 @@ class _Outcome:
     No lock: the finalizer runs only once gRPC holds no reference to the handler, i.e. after it returned.
     """
 
-    __slots__ = ("method", "start", "release", "done", "arrival_thread", "_metrics")
+    __slots__ = ("method", "start", "done", "arrival_thread", "_metrics")
 
-    def __init__(self, metrics: ServerMetrics, method: str, release: Callable[[], None] | None) -> None:
+    def __init__(self, metrics: ServerMetrics, method: str) -> None:
         self._metrics = metrics
         self.method = method
         self.start = time.perf_counter()
-        self.release = release
         self.done = False
         self.arrival_thread = threading.get_ident()
 
@@ -90,8 +98,6 @@ class _Outcome:
         if self.done:
             return
         self.done = True
-        if self.release is not None:
-            self.release()
         self._metrics.requests.labels(self.method, code.name).inc()
         self._metrics.request_latency.labels(self.method).observe(time.perf_counter() - self.start)
 
@@ -112,9 +118,12 @@ def _gone_code(context: grpc.ServicerContext) -> grpc.StatusCode:
 
 
 class StatusInterceptor(grpc.ServerInterceptor):
-    """Wraps every unary-unary handler: admission, exception → status code, count, latency and in-flight.
+    """Wraps every handler: a unary call is admitted only once its request message has arrived, reserves its
+    bytes from the request memory budget, is inflated and parsed here, then exception → status code, count,
+    latency and in-flight. Streaming calls (health ``Watch``, reflection) run on ``streaming_pool``.
 
-    ``admission`` None admits everything (the admin server); ``shed_pool`` runs the refusals.
+    ``admission`` None admits everything (the admin server); ``shed_pool`` runs the refusals for lag;
+    ``budget`` None reserves nothing.
     """
 
     def __init__(
@@ -124,12 +133,19 @@ class StatusInterceptor(grpc.ServerInterceptor):
         admission: AdmissionLimit | None = None,
         lag: QueueLag | None = None,
         shed_pool: futures.ThreadPoolExecutor | None = None,
+        streaming_pool: futures.ThreadPoolExecutor | None = None,
+        budget: MemoryBudget | None = None,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         self._metrics = metrics
         self._admission = admission
         self._lag = lag
         self._shed_pool = shed_pool
-        self._probe_handler = grpc.unary_unary_rpc_method_handler(self._on_shed_pool(answer_probe))
+        self._streaming_pool = streaming_pool
+        self._budget = budget
+        self._max_message_bytes = max_message_bytes
+        self._probe_handler = grpc.unary_unary_rpc_method_handler(self._on_pool(answer_probe, shed_pool))
+        self._streaming: dict[grpc.RpcMethodHandler, grpc.RpcMethodHandler] = {}
 
     def intercept_service(self, continuation, handler_call_details):
         # Runs on gRPC's polling thread as the RPC arrives, before it waits for a handler thread.
@@ -138,73 +154,159 @@ class StatusInterceptor(grpc.ServerInterceptor):
             self._metrics.requests.labels(UNKNOWN_METHOD, grpc.StatusCode.UNIMPLEMENTED.name).inc()
             return None
         if handler.unary_unary is None:
-            return handler
+            return self._streaming_handler(handler)
         full_name = handler_call_details.method
-        lag, admission = self._lag, self._admission
+        lag = self._lag
         if lag is not None and lag.is_probe(full_name, handler_call_details.invocation_metadata):
             return self._probe_handler  # not counted: the server's own measurement
-        refusal = None
-        if admission is None or full_name.startswith(EXEMPT_PREFIXES):
-            outcome = _Outcome(self._metrics, full_name.lstrip("/"), None)
-        elif lag is not None and lag.overloaded():
+        exempt = self._admission is None or full_name.startswith(EXEMPT_PREFIXES)
+        outcome = _Outcome(self._metrics, full_name.lstrip("/"))
+        if not exempt and lag is not None and lag.overloaded():
             refusal = (
                 f"server overloaded: new requests wait {lag.lag_s() * 1e3:.0f} ms before a handler sees them "
                 f"(over {lag.target_s * 1e3:.0f} ms, --max-queue-lag-ms); retry with backoff"
             )
-        elif not admission.try_acquire():
-            limit = admission.limit
-            refusal = f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff"
+            behavior = self._shed(outcome, refusal)
+            deserializer = None  # the request stays bytes: never parsed
         else:
-            outcome = _Outcome(self._metrics, full_name.lstrip("/"), admission.release)
-        if refusal is not None:
-            outcome = _Outcome(self._metrics, full_name.lstrip("/"), None)
-            refuse = self._shed(outcome, refusal)
-            weakref.finalize(refuse, _never_ran, outcome)
-            return grpc.unary_unary_rpc_method_handler(refuse)  # the request stays bytes: never parsed
-        behavior = self._serve(handler.unary_unary, outcome)
+            behavior = self._serve(handler, outcome, admit=not exempt)
+            deserializer = None  # read as bytes: inflated and parsed under the budget by the handler
+        setattr(behavior, OUTCOME_ATTRIBUTE, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
         return grpc.unary_unary_rpc_method_handler(
-            behavior,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer
         )
 
-    def _serve(self, behavior, outcome: _Outcome):
-        m = self._metrics
+    def _serve(self, handler: grpc.RpcMethodHandler, outcome: _Outcome, *, admit: bool):
+        m, behavior, deserialize = self._metrics, handler.unary_unary, handler.request_deserializer
 
-        def wrapped(request, context: grpc.ServicerContext):
-            m.inflight.inc()
-            code = grpc.StatusCode.OK
+        def wrapped(raw: bytes, context: grpc.ServicerContext):
+            if not message_arrived():
+                context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request arrived")
+            code, message, slot, held, request = grpc.StatusCode.OK, "", False, None, None
             try:
+                if admit:
+                    slot = self._admit()
+                if self._budget is not None:
+                    held = self._budget.reserve(len(raw) * DECODE_FACTOR)
+                raw = inflated_message(raw, self._max_message_bytes, held)
+                if held is not None:
+                    held.resize(len(raw) * DECODE_FACTOR)
+                request = self._decode(outcome.method, deserialize, raw)
+                raw = b""  # parsed: its bytes may go while the request is handled
                 return behavior(request, context)
             except Exception as exc:
-                code = status_code_for(exc)
+                code, message = status_code_for(exc), str(exc) or type(exc).__name__
                 if code is grpc.StatusCode.INTERNAL:
                     logger.exception("%s failed", outcome.method)
-                context.abort(code, str(exc) or type(exc).__name__)
             finally:
-                m.inflight.dec()
+                if held is not None:
+                    held.release()
+                if slot:
+                    m.inflight.dec()
+                    self._admission.release()
                 if code is grpc.StatusCode.OK and not context.is_active():
                     code = _gone_code(context)
                 outcome.finish(code)
+            # abort() raises, and its traceback keeps this frame: drop the request first, or a large one
+            # stays resident until the cyclic garbage collector happens to run.
+            raw = request = None
+            context.abort(code, message)
 
+        return wrapped
+
+    def _admit(self) -> bool:
+        if not self._admission.try_acquire():
+            raise OverloadedError(
+                f"server overloaded: {self._admission.limit} requests in flight (--max-inflight); "
+                "retry with backoff"
+            )
+        self._metrics.inflight.inc()
+        return True
+
+    @staticmethod
+    def _decode(method: str, deserialize, raw: bytes):
+        if deserialize is None:
+            return raw
+        try:
+            return deserialize(raw)  # ours never raise (recserve.server.handlers); health's may
+        except Exception as exc:
+            raise InvalidRequestError(
+                f"/{method}: the request is not a valid message ({str(exc) or type(exc).__name__})"
+            ) from None
+
+    def _streaming_handler(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """A streaming method on the streaming pool, its messages inflated under the size limit, its read
+        clock stopped by its request (a request stream: by the first message)."""
+        wrapped = self._streaming.get(handler)
+        if wrapped is not None:
+            return wrapped
+        limit = self._max_message_bytes
+        inner = handler.request_deserializer or (lambda raw: raw)
+
+        def deserialize(raw: bytes):
+            return inner(inflated_message(raw, limit, None))
+
+        if handler.request_streaming:
+            behavior = handler.stream_stream or handler.stream_unary
+
+            def run(request_iterator, context):
+                return behavior(_ArrivalIterator(request_iterator), context)
+
+        else:
+            behavior = handler.unary_stream
+
+            def run(request, context):
+                if not message_arrived():
+                    context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request arrived")
+                return behavior(request, context)
+
+        run = self._on_pool(run, self._streaming_pool)
+        kinds = {
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }
+        make = kinds[(handler.request_streaming, handler.response_streaming)]
+        wrapped = make(run, request_deserializer=deserialize, response_serializer=handler.response_serializer)
+        self._streaming[handler] = wrapped
         return wrapped
 
     def _shed(self, outcome: _Outcome, message: str):
         def refuse(request, context: grpc.ServicerContext):
-            outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            if message_arrived():
+                outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
-        return self._on_shed_pool(refuse)
+        return self._on_pool(refuse, self._shed_pool)
 
-    def _on_shed_pool(self, behavior):
-        # gRPC runs a handler on the pool named by this attribute (else its own): refusals and probes never
-        # queue behind admitted RPCs waiting for a handler thread.
-        if self._shed_pool is not None:
+    @staticmethod
+    def _on_pool(behavior, pool: futures.ThreadPoolExecutor | None):
+        # gRPC runs a handler on the pool named by this attribute (else its own): refusals, probes and streams
+        # never queue behind admitted RPCs waiting for a handler thread.
+        if pool is None:
+            return behavior
 
-            def on_pool(request, context):
-                return behavior(request, context)
+        def on_pool(request, context):
+            return behavior(request, context)
 
-            on_pool.experimental_thread_pool = self._shed_pool
-            return on_pool
-        return behavior
+        on_pool.experimental_thread_pool = pool
+        return on_pool
+
+
+class _ArrivalIterator:
+    """A request stream that stops its call's read clock at its first message."""
+
+    def __init__(self, requests) -> None:
+        self._requests = requests
+        self._first = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        request = next(self._requests)
+        if self._first:
+            self._first = False
+            message_arrived()
+        return request

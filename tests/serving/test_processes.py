@@ -438,7 +438,9 @@ def test_workers_that_cannot_load_the_package_stop_cleanly_with_one_line_each(tm
     proc = start_serve("--package", str(tmp_path), "--workers", "2", "--port", str(free_port()))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1
-    assert out.count("cannot serve: ") == 2 and "not a recserve model package manifest" in out, out
+    # Each worker that got as far as the package says so in one line; the first to fail stops the others,
+    # so on a loaded machine the second may be stopped before it reads the manifest.
+    assert 1 <= out.count("cannot serve: ") <= 2 and "not a recserve model package manifest" in out, out
     assert "Traceback" not in out, out
 
 

@@ -1,0 +1,124 @@
+"""Issue 43 over gRPC: streams that never finish their message, streaming calls that never ask, and compressed
+messages, against a real server on loopback, with a normal client beside the attack measuring its effect."""
+
+import gzip
+import time
+
+import grpc
+import pytest
+
+from recserve.client import PredictorClient
+from recserve.server.codec import encode_predict_request, scores_of
+from recserve.v1 import predictor_pb2_grpc
+
+from .conftest import random_batch, running_server, scrape, target
+from .hostile import HeldStreams
+
+PREDICT_PATH = "/recserve.v1.Predictor/Predict"
+REFLECTION_PATH = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = "4", "8"
+
+
+def _normal_client(server, seconds: float) -> tuple[int, list]:
+    """Predict and health calls in a loop for ``seconds``: (answered, the codes of the failed ones)."""
+    client = PredictorClient(target(server))
+    answered, errors = 0, []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for call in (lambda: client.predict(*random_batch(4), timeout=5), lambda: client.health(timeout=5)):
+            try:
+                call()
+                answered += 1
+            except grpc.RpcError as exc:
+                errors.append(exc.code())
+    return answered, errors
+
+
+def _predict_counts(server) -> dict[str, float]:
+    samples = scrape(server).get("recserve_requests_total", {})
+    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == PREDICT_PATH[1:]}
+
+
+def test_held_predict_streams_hold_no_slot_and_deny_no_one(package):
+    with running_server(package, grpc_read_timeout_s=1.0) as server:
+        with HeldStreams(server.port, PREDICT_PATH, connections=10, streams=5, interval_s=0.3) as attack:
+            time.sleep(0.5)
+            assert server.admission.in_flight == 0  # 50 streams open, none admitted: no message arrived
+            answered, errors = _normal_client(server, 3.0)
+        counts = _predict_counts(server)
+    assert errors == []
+    assert answered > 10
+    # The server ended the held streams itself, again and again as they were opened again.
+    assert attack.stats.streams_reset > 50
+    assert set(attack.stats.statuses) == {DEADLINE_EXCEEDED}
+    assert counts.get("OK", 0) >= answered // 2
+    assert counts.get("RESOURCE_EXHAUSTED", 0) + counts.get("DEADLINE_EXCEEDED", 0) > 0
+
+
+def test_a_message_that_does_not_arrive_in_time_ends_deadline_exceeded(package):
+    with running_server(package, grpc_read_timeout_s=0.5) as server:
+        with HeldStreams(
+            server.port, PREDICT_PATH, connections=1, streams=1, interval_s=0.2, reopen=False
+        ) as a:
+            deadline = time.monotonic() + 5
+            while not a.stats.statuses and time.monotonic() < deadline:
+                time.sleep(0.05)
+        counts = _predict_counts(server)
+    assert a.stats.statuses == {DEADLINE_EXCEEDED: 1}
+    assert counts == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_streaming_calls_that_never_ask_take_their_own_pool_only_and_end_at_the_deadline(package):
+    with (
+        running_server(package, grpc_read_timeout_s=1.0, max_streaming_calls=4) as server,
+        HeldStreams(server.port, REFLECTION_PATH, connections=4, streams=10, send_prefix=False) as attack,
+    ):
+        time.sleep(0.5)
+        answered, errors = _normal_client(server, 2.0)
+    assert errors == []
+    assert answered > 10
+    # 4 streams run, the rest queue; each, running or queued, ends when its first message is late.
+    assert attack.stats.statuses.get(DEADLINE_EXCEEDED, 0) >= 40
+
+
+def test_gzip_compressed_requests_are_answered_as_plain_ones(package):
+    with running_server(package) as server:
+        request = encode_predict_request(*random_batch(64))
+        with grpc.insecure_channel(target(server), compression=grpc.Compression.Gzip) as channel:
+            compressed = predictor_pb2_grpc.PredictorStub(channel).Predict(request, timeout=10)
+        with grpc.insecure_channel(target(server)) as channel:
+            plain = predictor_pb2_grpc.PredictorStub(channel).Predict(request, timeout=10)
+    assert scores_of(compressed).tolist() == scores_of(plain).tolist()
+
+
+def _raw_predict(server, payload: bytes) -> grpc.RpcError:
+    with grpc.insecure_channel(target(server)) as channel:
+        call = channel.unary_unary(PREDICT_PATH)  # bytes as they are: no serializer
+        with pytest.raises(grpc.RpcError) as info:
+            call(payload, timeout=10)
+    return info.value
+
+
+def test_a_gzip_message_inflating_past_the_size_limit_is_refused_while_inflating(package):
+    with running_server(package, max_message_bytes=1 << 20) as server:
+        bomb = gzip.compress(b"\0" * (8 << 20))  # 8 KB that inflates to 8 MiB
+        error = _raw_predict(server, bomb)
+        assert server.budget.used == 0
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "inflates past 1048576 bytes" in error.details()
+
+
+def test_a_gzip_message_that_does_not_inflate_is_invalid(package):
+    with running_server(package) as server:
+        error = _raw_predict(server, b"\x1f\x8b" + b"not gzip at all")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "gzip-compressed but does not inflate" in error.details()
+
+
+def test_requests_reserve_from_the_memory_budget_before_they_are_parsed(package):
+    with running_server(package, max_message_bytes=1 << 20, request_memory_bytes=1 << 20) as server:
+        error = _raw_predict(server, b"\x0a" * (400 << 10))  # 400 KiB: three times that is over 1 MiB
+        assert server.budget.used == 0
+        PredictorClient(target(server)).predict(*random_batch(4), timeout=5)  # small requests still fit
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--request-memory-mb" in error.details()
