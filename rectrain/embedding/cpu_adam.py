@@ -1,16 +1,14 @@
 """Adam fused into backward for FBGEMM TBEs on CPU, where FBGEMM 1.8.0 has no Adam kernel.
 
-``CpuAdamLookup`` wraps a TBE in a ``torch.autograd.Function``: forward runs FBGEMM's CPU lookup kernel, and
-backward applies ``torch.optim.SparseAdam``'s update to the rows the batch read, in the TBE's own weight
-storage: with the compiled fused backward (``rectrain.embedding.cpu_kernel``) where numba is importable, else
-with torch ops (``rectrain.embedding.sparse_adam``). No embedding gradient is returned, so the update costs
-only the rows the batch read, as with FBGEMM's fused optimizers.
+``CpuAdamLookup`` is a ``rectrain.embedding.fused_update.FusedUpdateLookup``: forward runs FBGEMM's CPU
+lookup kernel, and backward applies ``torch.optim.SparseAdam``'s update to the rows the batch read, in the
+TBE's own weight storage: with the compiled fused backward (``rectrain.embedding.cpu_kernel``) where numba is
+importable, else with torch ops (``rectrain.embedding.sparse_adam``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
@@ -18,50 +16,11 @@ from torch import Tensor
 
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
+from rectrain.embedding.fused_update import FusedUpdateLookup
 from rectrain.embedding.sparse_adam import SparseAdamState, sparse_adam_update_, tbe_row_gradients
-from rectrain.embedding.tbe_layout import TBELayout
 
 
-def tbe_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> TBELayout:
-    """The table layout of a CPU TBE's flat ``weights_host`` buffer, read from the TBE itself."""
-    rows_and_dims = [(int(spec[0]), int(spec[1])) for spec in tbe.embedding_specs]
-    feature_table_map = list(tbe.feature_table_map)
-    feature_offsets = tbe.weights_offsets.tolist()
-    table_offsets = [feature_offsets[feature_table_map.index(t)] for t in range(len(rows_and_dims))]
-    return TBELayout(
-        table_rows=tuple(rows for rows, _ in rows_and_dims),
-        table_dims=tuple(dim for _, dim in rows_and_dims),
-        weights_offsets=tuple(table_offsets),
-        feature_table_map=tuple(feature_table_map),
-    )
-
-
-class _AdamLookupFunction(torch.autograd.Function):
-    """Forward: the TBE's lookup without autograd. Backward: the sparse Adam update, no gradient out."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        placeholder: Tensor,
-        lookup: CpuAdamLookup,
-        indices: Tensor,
-        offsets: Tensor,
-        per_sample_weights: Tensor | None,
-    ) -> Tensor:
-        ctx.lookup = lookup
-        ctx.save_for_backward(indices, offsets, per_sample_weights)
-        # The TBE is built with EXACT_SGD; run without autograd, its own backward never fires.
-        with torch.no_grad():
-            return lookup.tbe(indices, offsets, per_sample_weights)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[None, ...]:  # type: ignore[override]
-        indices, offsets, per_sample_weights = ctx.saved_tensors
-        ctx.lookup.apply_gradient(grad_output, indices, offsets, per_sample_weights)
-        return (None, None, None, None, None)
-
-
-class CpuAdamLookup:
+class CpuAdamLookup(FusedUpdateLookup):
     """A CPU TBE's lookup whose backward updates the touched rows with ``torch.optim.SparseAdam``'s rule.
 
     The Adam moments (``exp_avg``, ``exp_avg_sq``, flat like the weights) and one step count per table live
@@ -74,24 +33,18 @@ class CpuAdamLookup:
     """
 
     def __init__(self, tbe: SplitTableBatchedEmbeddingBagsCodegen, config: FusedOptimizerConfig) -> None:
-        self.tbe = tbe
-        self.layout = tbe_layout(tbe)
+        super().__init__(tbe)
         self.state = SparseAdamState.zeros(tbe.weights_host, self.layout)
         self.lr = config.lr
         self.betas = (config.beta1, config.beta2)
         self.eps = config.eps
         self.weight_decay = config.weight_decay
-        # Autograd only calls backward for functions with an input that requires grad.
-        self._placeholder = torch.zeros(0, requires_grad=True)
         pooling = PoolingType[tbe.pooling_mode.name]
         self._compiled = (
             CompiledBackward(self.layout, EmbOptimType.ADAM, pooling, self.layout.weights_offsets)
             if compiled_ready()
             else None
         )
-
-    def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
-        return _AdamLookupFunction.apply(self._placeholder, self, indices, offsets, per_sample_weights)
 
     def apply_gradient(
         self, grad_output: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None

@@ -19,8 +19,6 @@ Which kernel runs is ``rectrain.embedding.backward_choice``'s decision (``auto``
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
@@ -29,6 +27,7 @@ from torch import Tensor
 from rectrain.embedding.backward_choice import NATIVE_OPTIMIZERS, cpu_backward_choice, log_choice
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig, PoolingType
 from rectrain.embedding.cpu_backward_runner import CompiledBackward, compiled_ready
+from rectrain.embedding.fused_update import FusedUpdateLookup
 from rectrain.embedding.torch_ops_backward import torch_ops_update_
 
 
@@ -42,31 +41,7 @@ def use_native_backward(config: FusedOptimizerConfig, device: torch.device, prec
     return choice.kernel == "native"
 
 
-class _NativeLookupFunction(torch.autograd.Function):
-    """Forward: the TBE's lookup without autograd. Backward: our fused update, no gradient out."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        placeholder: Tensor,
-        lookup: NativeFusedLookup,
-        indices: Tensor,
-        offsets: Tensor,
-        per_sample_weights: Tensor | None,
-    ) -> Tensor:
-        ctx.lookup = lookup
-        ctx.save_for_backward(indices, offsets, per_sample_weights)
-        with torch.no_grad():
-            return lookup.tbe(indices, offsets, per_sample_weights)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[None, ...]:  # type: ignore[override]
-        indices, offsets, per_sample_weights = ctx.saved_tensors
-        ctx.lookup.apply_gradient(grad_output, indices, offsets, per_sample_weights)
-        return (None, None, None, None, None)
-
-
-class NativeFusedLookup:
+class NativeFusedLookup(FusedUpdateLookup):
     """A CPU TBE's lookup whose backward is ours (compiled, else torch ops) instead of FBGEMM's, on the TBE's
     own weights, state (``momentum1``) and learning rate.
 
@@ -77,22 +52,15 @@ class NativeFusedLookup:
     """
 
     def __init__(self, tbe: SplitTableBatchedEmbeddingBagsCodegen, config: FusedOptimizerConfig) -> None:
-        from rectrain.embedding.cpu_adam import tbe_layout
-
-        self.tbe = tbe
-        self.layout = tbe_layout(tbe)
+        super().__init__(tbe)
         self.optimizer = config.optimizer
         self.pooling = PoolingType[tbe.pooling_mode.name]
         self.eps = config.eps
-        self._placeholder = torch.zeros(0, requires_grad=True)
         self._compiled = (
             CompiledBackward(self.layout, self.optimizer, self.pooling, self._state_offsets())
             if compiled_ready()
             else None
         )
-
-    def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
-        return _NativeLookupFunction.apply(self._placeholder, self, indices, offsets, per_sample_weights)
 
     def _state_offsets(self) -> list[int]:
         """Where each table's state starts in ``momentum1_host`` (floats; rows for row-wise Adagrad)."""
