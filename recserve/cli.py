@@ -1,4 +1,4 @@
-"""The ``recserve`` command line: ``export``, the server's ``serve`` / ``query`` / ``loadgen``; ``main``."""
+"""The ``recserve`` command line: ``export``, ``serve``, the client's ``query`` / ``loadgen``, ``main``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from recserve.client.cli import add_client_commands
 from recserve.errors import RecServeError
 from recserve.export.cli import add_export_command
 from recserve.mainjob.cli import add_main_command
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_export_command(subparsers)
     add_serve_commands(subparsers)
+    add_client_commands(subparsers)
     add_main_command(subparsers)
     return parser
 

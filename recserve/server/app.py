@@ -197,8 +197,8 @@ class RecServer:
             ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
             # Messages reach the handler as sent, to be inflated under the budget (recserve.server.reads).
             ("grpc.per_message_decompression", 0),
-            # Without BDP probing a stream's receive window stays small until its message is read, so gRPC core
-            # does not buffer messages that no pool thread reads yet.
+            # Without BDP probing a stream's receive window stays small until its message is read, so gRPC
+            # core does not buffer messages that no pool thread reads yet.
             ("grpc.http2.bdp_probe", 0),
             *connection_options(cfg),
         ]
