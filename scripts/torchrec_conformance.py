@@ -53,7 +53,8 @@ TESTS = [
     "torchrec/datasets/tests/test_movielens.py",
     "torchrec/datasets/tests/test_random.py",
     "torchrec/datasets/tests/test_utils.py",
-    # Issue 44: the planner's other public modules and distributed utils (rectrain does not pass them yet).
+    # Issue 44: the planner's other public modules and distributed utils (rectrain does not pass them yet;
+    # at v1.8.0-rc1 they stop at planners.extract_plan, planner.storage_reservations and types.CacheParams).
     "torchrec/distributed/planner/tests/test_planners.py",
     "torchrec/distributed/planner/tests/test_types.py",
     "torchrec/distributed/tests/test_utils.py",

@@ -1,10 +1,10 @@
 """``torchrec.distributed.types`` at rectrain's path: the plan's vocabulary, the world a rank runs in, torch's
-shard metadata, FBGEMM's ``BoundsCheckMode``, and the awaitables and module base class of TorchRec's
-sharded-module protocol."""
+shard metadata, FBGEMM's ``BoundsCheckMode`` and ``CacheAlgorithm``, and the awaitables and module base class
+of TorchRec's sharded-module protocol."""
 
 from enum import Enum
 
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 
@@ -28,6 +28,7 @@ class PipelineType(Enum):
 __all__ = [
     "Awaitable",
     "BoundsCheckMode",
+    "CacheAlgorithm",
     "LazyAwaitable",
     "ModuleSharder",
     "NoWait",

@@ -4,13 +4,15 @@ from unittest.mock import MagicMock
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode as FbgemmBoundsCheckMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm as FbgemmCacheAlgorithm
 
 import rectrain.distributed.planner.types as torchrec_types
 import rectrain.planner.sharding_option as engine_options
 import rectrain.planner.types as engine_types
+from rectrain.distributed.logger import static_logger
 from rectrain.distributed.planner.perf_models import NoopPerfModel, NoopStorageModel
 from rectrain.distributed.planner.shard_estimators import EmbeddingStorageEstimator
-from rectrain.distributed.types import BoundsCheckMode
+from rectrain.distributed.types import BoundsCheckMode, CacheAlgorithm
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
@@ -24,6 +26,13 @@ def test_one_shard_and_one_sharding_option():
     assert torchrec_types.ShardingOption is engine_options.ShardingOption
     assert torchrec_types.Perf is engine_options.Perf
     assert BoundsCheckMode is FbgemmBoundsCheckMode
+    assert CacheAlgorithm is FbgemmCacheAlgorithm
+
+
+def test_torchrecs_distributed_loggers_are_standard_loggers(caplog):
+    with caplog.at_level("INFO", logger="rectrain.distributed"):
+        static_logger.info("planner: %d tables", 3)
+    assert caplog.records[-1].getMessage() == "planner: 3 tables"
 
 
 def test_shard_takes_torchrec_size_and_offset():
