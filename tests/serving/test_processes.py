@@ -49,9 +49,12 @@ def wait_serving(client: PredictorClient, proc: subprocess.Popen, timeout: float
 @pytest.mark.slow
 def test_sigterm_drains_queued_requests_and_exits_zero(package):
     port = free_port()
+    # One worker: with two, health may answer from one while the other still loads the package, and a
+    # SIGTERM then stops that one before it serves (its exit is not the drain this test is about).
     proc = start_serve(
-        "--package", str(package), "--port", str(port), "--metrics-port", "-1", "--max-queue-delay-ms", "500"
-    )
+        "--package", str(package), "--port", str(port), "--metrics-port", "-1", "--max-queue-delay-ms", "500",
+        "--workers", "1",
+    )  # fmt: skip
     client = PredictorClient(f"127.0.0.1:{port}")
     try:
         wait_serving(client, proc)

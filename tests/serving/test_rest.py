@@ -180,6 +180,7 @@ def test_unknown_model_or_version_is_404(server):
     assert requests.get(url(server, "/v2/models/other"), timeout=10).status_code == 404
     assert requests.get(url(server, "/v2/models/other/ready"), timeout=10).status_code == 503
     assert requests.get(url(server, "/v2/no/such/path"), timeout=10).status_code == 404
+    assert requests.get(url(server, "/v2/health/live"), timeout=10).status_code == 200
     counted = scrape(server)["recserve_requests_total"]
     assert counted[(("code", "NOT_FOUND"), ("method", "rest/ModelInfer"))] >= 2
     assert counted[(("code", "OK"), ("method", "rest/ServerLive"))] >= 1
