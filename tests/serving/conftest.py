@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def scrape(server: RecServer) -> dict[str, dict]:
     port = server._metrics_http.server_port
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return parse_metrics(text)
+
+
+def counts_in(metrics: dict, method: str) -> dict[str, float]:
+    """``recserve_requests_total`` of ``method`` by status code, from scraped metrics."""
+    samples = metrics.get("recserve_requests_total", {})
+    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == method}
+
+
+def request_counts(server: RecServer, method: str) -> dict[str, float]:
+    """``recserve_requests_total`` of ``method`` by status code, scraped from ``server`` now."""
+    return counts_in(scrape(server), method)
+
+
+def wait_for(condition, seconds: float, interval: float = 0.05) -> bool:
+    """Polls ``condition`` for up to ``seconds``; its last value."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
 
 
 def parse_metrics(text: str) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from recserve.client import PredictorClient
 from recserve.server.codec import encode_predict_request, scores_of
 from recserve.v1 import predictor_pb2_grpc
 
-from .conftest import random_batch, running_server, scrape, target
+from .conftest import random_batch, request_counts, running_server, target
 from .hostile import HeldStreams
 
 PREDICT_PATH = "/recserve.v1.Predictor/Predict"
@@ -34,18 +34,13 @@ def _normal_client(server, seconds: float) -> tuple[int, list]:
     return answered, errors
 
 
-def _predict_counts(server) -> dict[str, float]:
-    samples = scrape(server).get("recserve_requests_total", {})
-    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == PREDICT_PATH[1:]}
-
-
 def test_held_predict_streams_hold_no_slot_and_deny_no_one(package):
     with running_server(package, grpc_read_timeout_s=1.0) as server:
         with HeldStreams(server.port, PREDICT_PATH, connections=10, streams=5, interval_s=0.3) as attack:
             time.sleep(0.5)
             assert server.admission.in_flight == 0  # 50 streams open, none admitted: no message arrived
             answered, errors = _normal_client(server, 3.0)
-        counts = _predict_counts(server)
+        counts = request_counts(server, PREDICT_PATH[1:])
     assert errors == []
     assert answered > 10
     # The server ended the held streams itself, again and again as they were opened again.
@@ -63,7 +58,7 @@ def test_a_message_that_does_not_arrive_in_time_ends_deadline_exceeded(package):
             deadline = time.monotonic() + 5
             while not a.stats.statuses and time.monotonic() < deadline:
                 time.sleep(0.05)
-        counts = _predict_counts(server)
+        counts = request_counts(server, PREDICT_PATH[1:])
     assert a.stats.statuses == {DEADLINE_EXCEEDED: 1}
     assert counts == {"DEADLINE_EXCEEDED": 1}
 

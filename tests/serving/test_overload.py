@@ -14,22 +14,20 @@ from recserve.client.burst import fire_burst
 from recserve.server.admission import AdmissionLimit, QueueLag, default_max_inflight
 from recserve.server.codec import encode_predict_request, scores_of
 
-from .conftest import free_port, parse_metrics, random_batch, running_server, scrape, target
+from .conftest import (
+    counts_in,
+    free_port,
+    parse_metrics,
+    random_batch,
+    request_counts,
+    running_server,
+    scrape,
+    target,
+    wait_for,
+)
 
 PREDICT = "recserve.v1.Predictor/Predict"
 HEALTH = "grpc.health.v1.Health/Check"
-
-
-def _counts(metrics: dict, method: str) -> dict[str, float]:
-    samples = metrics.get("recserve_requests_total", {})
-    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == method}
-
-
-def _wait(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_default_limit_leaves_spare_threads_and_fits_the_queue():
@@ -49,7 +47,7 @@ def test_calls_over_the_limit_are_refused_at_once_and_probes_still_answer(packag
         client = PredictorClient(target(server))
         held = [client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10)]
         held.append(client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10))
-        _wait(lambda: server.admission.in_flight == 2)
+        assert wait_for(lambda: server.admission.in_flight == 2, 10)
         start = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
             client.predict(*random_batch(2), timeout=10)
@@ -60,7 +58,7 @@ def test_calls_over_the_limit_are_refused_at_once_and_probes_still_answer(packag
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--max-inflight" in info.value.details()
     assert refused_after < 0.5
-    assert _counts(metrics, PREDICT) == {"OK": 2, "RESOURCE_EXHAUSTED": 1}
+    assert counts_in(metrics, PREDICT) == {"OK": 2, "RESOURCE_EXHAUSTED": 1}
 
 
 def test_grpc_level_refusals_are_counted(package, monkeypatch):
@@ -70,17 +68,17 @@ def test_grpc_level_refusals_are_counted(package, monkeypatch):
     with running_server(package, max_inflight=1, grpc_threads=1, max_queue_delay_ms=1000) as server:
         client = PredictorClient(target(server))
         held = client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10)
-        _wait(lambda: server.admission.in_flight == 1)
+        assert wait_for(lambda: server.admission.in_flight == 1, 10)
         codes = []
         for call in (lambda: client.predict(*random_batch(2), timeout=5), lambda: client.health(timeout=5)):
             with pytest.raises(grpc.RpcError) as info:
                 call()
             codes.append(info.value.code())
         held.result()
-        _wait(lambda: _counts(scrape(server), HEALTH).get("RESOURCE_EXHAUSTED") == 1)
+        assert wait_for(lambda: request_counts(server, HEALTH).get("RESOURCE_EXHAUSTED") == 1, 10)
         metrics = scrape(server)
     assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
-    assert _counts(metrics, PREDICT) == {"OK": 1, "RESOURCE_EXHAUSTED": 1}
+    assert counts_in(metrics, PREDICT) == {"OK": 1, "RESOURCE_EXHAUSTED": 1}
 
 
 def test_cancelled_and_expired_calls_are_counted(package):
@@ -93,9 +91,9 @@ def test_cancelled_and_expired_calls_are_counted(package):
         cancelled.cancel()
         assert expiring.exception().code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert cancelled.cancelled()
-        _wait(lambda: sum(_counts(scrape(server), PREDICT).values()) == 2)
+        assert wait_for(lambda: sum(request_counts(server, PREDICT).values()) == 2, 10)
         metrics = scrape(server)
-    assert _counts(metrics, PREDICT) == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}
+    assert counts_in(metrics, PREDICT) == {"DEADLINE_EXCEEDED": 1, "CANCELLED": 1}
     assert metrics["recserve_inflight_requests"][()] == 0
 
 
@@ -103,7 +101,7 @@ def test_a_message_over_the_size_limit_is_counted(package):
     with running_server(package, max_message_bytes=2000) as server:
         with pytest.raises(grpc.RpcError) as info:
             PredictorClient(target(server)).predict(*random_batch(200), timeout=5)
-        _wait(lambda: sum(_counts(scrape(server), PREDICT).values()) == 1)
+        assert wait_for(lambda: sum(request_counts(server, PREDICT).values()) == 1, 10)
         assert server.admission.in_flight == 0
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -117,13 +115,13 @@ def test_a_burst_of_5000_calls_on_the_default_server_is_shed_and_counted(package
     try:
         client = PredictorClient(f"127.0.0.1:{port}")
         client.wait_ready(90)
-        _wait(lambda: client.health(timeout=1) == "SERVING", timeout=90)
+        assert wait_for(lambda: client.health(timeout=1) == "SERVING", 90)
         request = encode_predict_request(*random_batch(4)).SerializeToString()
         result = fire_burst(f"127.0.0.1:{port}", request, calls=5000, channels=8, timeout=30)
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         scraped = lambda: parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())  # noqa: E731
-        _wait(lambda: sum(_counts(scraped(), PREDICT).values()) >= 5000)
-        counts = _counts(scraped(), PREDICT)
+        assert wait_for(lambda: sum(counts_in(scraped(), PREDICT).values()) >= 5000, 10)
+        counts = counts_in(scraped(), PREDICT)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -145,7 +143,7 @@ def test_a_burst_of_5000_calls_on_the_default_server_is_shed_and_counted(package
 def test_queue_lag_is_measured_by_the_servers_own_probes_only(package):
     with running_server(package) as server:
         lag = server.lag
-        _wait(lambda: all(lag._sent[m] is None and lag._lag[m] > 0 for m in lag.methods))
+        assert wait_for(lambda: all(lag._sent[m] is None and lag._lag[m] > 0 for m in lag.methods), 10)
         assert not lag.overloaded() and lag.lag_s() < lag.target_s
         forged = ((QueueLag.HEADER, f"guess {time.monotonic() - 60!r}"),)
         assert not lag.is_probe(lag.methods[0], forged)
@@ -155,7 +153,7 @@ def test_queue_lag_is_measured_by_the_servers_own_probes_only(package):
         _, info = call(encode_predict_request(*random_batch(2)), metadata=forged, timeout=10)
         assert info.code() == grpc.StatusCode.OK  # a forged probe is an ordinary call
         metrics = scrape(server)
-    assert _counts(metrics, PREDICT) == {"OK": 1}  # probes are not counted
+    assert counts_in(metrics, PREDICT) == {"OK": 1}  # probes are not counted
 
 
 def test_a_probe_thread_whose_channel_closes_under_it_ends_quietly(package, monkeypatch):

@@ -23,7 +23,7 @@ import requests
 
 from recserve.server.rest_connections import ConnectionPool
 
-from .conftest import random_batch, running_server, scrape
+from .conftest import random_batch, request_counts, running_server, wait_for
 from .test_rest import json_body
 
 MIB = 1 << 20
@@ -103,20 +103,6 @@ class PeakRss:
         return self.peak - self.start
 
 
-def codes(server, method: str = "rest/ModelInfer") -> dict[str, float]:
-    samples = scrape(server).get("recserve_requests_total", {})
-    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == method}
-
-
-def wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 def normal_client(server, seconds: float) -> tuple[int, list[str]]:
     """Valid requests for ``seconds``: how many were answered, and every failure."""
     dense, kjt = random_batch(3, seed=5)
@@ -149,7 +135,9 @@ def test_stalled_gzip_uploads_hold_their_compressed_bytes_not_what_they_inflate_
             for sock in socks[:5]:  # past --http-read-timeout each stalled upload is answered 408
                 sock.settimeout(15)
                 assert sock.recv(200).startswith(b"HTTP/1.1 408")
-            assert wait_for(lambda: codes(server).get("DEADLINE_EXCEEDED", 0) >= 40, 15)
+            assert wait_for(
+                lambda: request_counts(server, "rest/ModelInfer").get("DEADLINE_EXCEEDED", 0) >= 40, 15
+            )
             assert wait_for(lambda: budget.used == 0, 10)
         finally:
             for sock in socks:
@@ -199,7 +187,7 @@ def test_bodies_over_the_message_limit_are_413(package):
         assert r.status_code == 413 and "Content-Length" in r.json()["error"], r.text
         chunked = requests.post(url(server), data=iter([big[: 8 * MIB], big[8 * MIB :]]), timeout=30)
         assert chunked.status_code == 413 and "more than 16777216 bytes" in chunked.json()["error"]
-        assert codes(server).get("RESOURCE_EXHAUSTED") == 2
+        assert request_counts(server, "rest/ModelInfer").get("RESOURCE_EXHAUSTED") == 2
         assert requests.post(url(server), data=padded_body(MAX_MESSAGE), timeout=30).status_code == 200
 
 
@@ -215,7 +203,7 @@ def test_a_spent_budget_answers_503_with_retry_after_until_it_is_returned(packag
             r = requests.post(url(server), data=padded_body(5 * MIB), timeout=30)
             assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
             assert "--request-memory-mb" in r.json()["error"]
-            assert codes(server).get("RESOURCE_EXHAUSTED") == 1
+            assert request_counts(server, "rest/ModelInfer").get("RESOURCE_EXHAUSTED") == 1
             assert wait_for(lambda: budget.used == 0, 15)  # the stalled uploads timed out (408)
             assert requests.post(url(server), data=padded_body(5 * MIB), timeout=30).status_code == 200
         finally:
@@ -286,7 +274,7 @@ def test_idle_connections_do_not_lock_out_normal_clients(package):
             attacker.join(60)
             assert len(opened) == 2200 and pool.closed_idle >= 2200 - 64 and len(pool) <= 64
             assert failures == [] and answered >= 20, failures[:5]
-            assert "RESOURCE_EXHAUSTED" not in codes(server, "rest/connection")
+            assert "RESOURCE_EXHAUSTED" not in request_counts(server, "rest/connection")
         finally:
             for sock in opened:
                 sock.close()
@@ -306,7 +294,7 @@ def test_malformed_http_is_400_and_logged_once_per_interval(package, caplog):
             sock.settimeout(10)
             assert sock.recv(100).split(b"\r\n")[0].endswith(b" 400 Bad Request"), i
             sock.close()
-        assert wait_for(lambda: codes(server, "rest/malformed").get("INVALID_ARGUMENT") == 40, 10)
+        assert wait_for(lambda: request_counts(server, "rest/malformed").get("INVALID_ARGUMENT") == 40, 10)
         assert requests.get(url(server, "/v2/health/ready"), timeout=10).status_code == 200
     assert not [r for r in caplog.records if r.name.startswith("aiohttp")], caplog.text
     assert not [r for r in caplog.records if r.exc_info], caplog.text
@@ -326,7 +314,7 @@ def test_a_body_that_does_not_decode_under_its_content_encoding_is_400(package, 
         for coding, body, message in cases:
             r = requests.post(url(server), data=body, headers={"Content-Encoding": coding}, timeout=10)
             assert r.status_code == 400 and message in r.json()["error"], (coding, r.text)
-        assert codes(server) == {"INVALID_ARGUMENT": 4}
+        assert request_counts(server, "rest/ModelInfer") == {"INVALID_ARGUMENT": 4}
         assert budget_of(server).used == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
 

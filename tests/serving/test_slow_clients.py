@@ -17,7 +17,7 @@ from recserve.server.app import connection_options
 from recserve.server.config import ServeConfig
 from recserve.server.protos import oip_pb2_grpc
 
-from .conftest import random_batch, running_server, scrape, target
+from .conftest import random_batch, request_counts, running_server, target, wait_for
 from .test_oip import infer_request
 from .test_rest import json_body
 
@@ -31,20 +31,6 @@ def _connect(server) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
-
-
-def _codes(server, method: str) -> dict[str, float]:
-    samples = scrape(server).get("recserve_requests_total", {})
-    return {dict(k)["code"]: v for k, v in samples.items() if dict(k)["method"] == method}
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def _trickle(socks: list[socket.socket], stop: threading.Event) -> None:
@@ -82,8 +68,10 @@ def test_200_trickling_uploads_do_not_slow_a_normal_client(package):
                     answered += 2
             assert answered >= 10 and errors == 0
             # Past --http-read-timeout every trickler is answered 408 and counted, never INTERNAL.
-            assert _wait_for(lambda: _codes(server, "rest/ModelInfer").get("DEADLINE_EXCEEDED", 0) >= 200, 15)
-            assert "INTERNAL" not in _codes(server, "rest/ModelInfer")
+            assert wait_for(
+                lambda: request_counts(server, "rest/ModelInfer").get("DEADLINE_EXCEEDED", 0) >= 200, 15
+            )
+            assert "INTERNAL" not in request_counts(server, "rest/ModelInfer")
             replies = [sock.recv(200) for sock in socks[:5]]
             assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies
         finally:
@@ -99,8 +87,8 @@ def test_a_client_that_leaves_mid_body_is_cancelled_without_a_traceback(package,
         sock.sendall(HEAD + b'{"inputs": [')
         time.sleep(0.3)
         sock.close()
-        assert _wait_for(lambda: _codes(server, "rest/ModelInfer").get("CANCELLED", 0) == 1, 10)
-        assert "INTERNAL" not in _codes(server, "rest/ModelInfer")
+        assert wait_for(lambda: request_counts(server, "rest/ModelInfer").get("CANCELLED", 0) == 1, 10)
+        assert "INTERNAL" not in request_counts(server, "rest/ModelInfer")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
@@ -138,10 +126,10 @@ def test_at_the_connection_limit_idle_connections_make_room_and_busy_ones_do_not
         extra.settimeout(10)
         reply = extra.recv(1000)
         assert reply.startswith(b"HTTP/1.1 503") and b"open HTTP connections, all busy" in reply
-        assert _codes(server, "rest/connection") == {"RESOURCE_EXHAUSTED": 1.0}
+        assert request_counts(server, "rest/connection") == {"RESOURCE_EXHAUSTED": 1.0}
         for sock in [*idle, *busy, extra]:
             sock.close()
-        assert _wait_for(lambda: requests.get(ready, timeout=5).status_code == 200, 10)
+        assert wait_for(lambda: requests.get(ready, timeout=5).status_code == 200, 10)
 
 
 def test_grpc_connections_have_keepalive_and_a_maximum_age(package):
