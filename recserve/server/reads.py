@@ -172,23 +172,23 @@ class ReadWatch:
         if had:
             self._slots.release()
 
-    def _arrived(self, read: _Read) -> bool:
+    def _settle(self, read: _Read, state: str) -> bool:
+        """Moves ``read`` from waiting to ``state`` ("arrived" or "ended"); False if the other came first."""
         with self._lock:
             if read.state != "waiting":
                 return False
-            read.state = "arrived"
+            read.state = state
             self._reads.discard(read)
         self._free_slot(read)
         return True
 
+    def _arrived(self, read: _Read) -> bool:
+        return self._settle(read, "arrived")
+
     def end(self, read: _Read, code: grpc.StatusCode, message: str) -> bool:
         """Ends ``read``'s call with ``code`` unless its handler has started; True if it did."""
-        with self._lock:
-            if read.state != "waiting":
-                return False
-            read.state = "ended"
-            self._reads.discard(read)
-        self._free_slot(read)
+        if not self._settle(read, "ended"):
+            return False
         if read.outcome is not None:
             read.outcome.finish(code)
         try:

@@ -166,16 +166,13 @@ class StatusInterceptor(grpc.ServerInterceptor):
                 f"server overloaded: new requests wait {lag.lag_s() * 1e3:.0f} ms before a handler sees them "
                 f"(over {lag.target_s * 1e3:.0f} ms, --max-queue-lag-ms); retry with backoff"
             )
-            behavior = self._shed(outcome, refusal)
-            deserializer = None  # the request stays bytes: never parsed
+            behavior = self._shed(outcome, refusal)  # the request stays bytes: never parsed
         else:
             behavior = self._serve(handler, outcome, admit=not exempt)
-            deserializer = None  # read as bytes: inflated and parsed under the budget by the handler
         setattr(behavior, OUTCOME_ATTRIBUTE, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
-        return grpc.unary_unary_rpc_method_handler(
-            behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer
-        )
+        # No deserializer: the request arrives as bytes, inflated and parsed under the budget by _serve.
+        return grpc.unary_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
 
     def _serve(self, handler: grpc.RpcMethodHandler, outcome: _Outcome, *, admit: bool):
         m, behavior, deserialize = self._metrics, handler.unary_unary, handler.request_deserializer
