@@ -1,9 +1,10 @@
 """``RunConfig``: everything a training run needs, read from TOML (``rectrain train --config run.toml``).
 
 Sections: ``[model]`` (``ModelConfig``), ``[data]``, ``[optimizer]``, ``[planner]``, ``[train]``,
-``[checkpoint]``. Every key is checked (unknown keys are errors, with a did-you-mean) and so is its type; a
-message names the file, the key path and the expected type. Relative paths are relative to the working
-directory. ``--set section.key=value`` overrides are applied before checking, as if written in the file.
+``[checkpoint]``, ``[publish]``. Every key is checked (unknown keys are errors, with a did-you-mean) and so
+is its type; a message names the file, the key path and the expected type. Relative paths are relative to
+the working directory. ``--set section.key=value`` overrides are applied before checking, as if written in
+the file.
 
 The data's shape follows the model: dense width is ``model.dense_in_features`` and each feature's id range is
 the row count of the table that reads it, so sizes are written once.
@@ -168,6 +169,27 @@ class CheckpointConfig:
     overwrite: bool = False
 
 
+PUBLISH_TABLE_DTYPES = ("int8", "int4", "int2", "fp16", "fp32")
+PUBLISH_DENSE_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class PublishConfig:
+    """Publishing for servers that follow training (``recserve serve --follow DIR``): every ``every_seconds``
+    a delta of the rows trained since the last one, every ``base_every`` deltas (and at the start) a base
+    package exported from a checkpoint (so ``checkpoint.dir`` is needed). ``dtype``, ``dense_dtype``,
+    ``model_name`` and ``max_auc_drop`` are ``recserve export``'s options for the bases; deltas follow them.
+    ``dir = ""`` or no dir: no publishing."""
+
+    dir: str | None = None
+    every_seconds: float = field(default=10.0, metadata=positive())
+    base_every: int = field(default=100, metadata=positive())
+    dtype: str = field(default="int8", metadata=choices(*PUBLISH_TABLE_DTYPES))
+    dense_dtype: str = field(default="fp32", metadata=choices(*PUBLISH_DENSE_DTYPES))
+    model_name: str = "model"
+    max_auc_drop: float = field(default=0.005, metadata=non_negative())
+
+
 @dataclass
 class RunConfig:
     """A whole run: ``RunConfig.load("run.toml", overrides=["train.steps=50"])``."""
@@ -178,6 +200,7 @@ class RunConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
     source: str = "<config>"
 
     @classmethod
@@ -198,6 +221,7 @@ class RunConfig:
             "planner": PlannerConfig,
             "train": TrainConfig,
             "checkpoint": CheckpointConfig,
+            "publish": PublishConfig,
         }
         for key in raw:
             if key != "model" and key not in sections:
@@ -269,3 +293,7 @@ class RunConfig:
             )
         if self.checkpoint.every_n_steps and self.checkpoint.dir is None:  # dir = "" turns saving off
             raise ConfigError(f"{src}: checkpoint.every_n_steps is set but checkpoint.dir is not")
+        if self.publish.dir and not self.checkpoint.dir:
+            raise ConfigError(
+                f"{src}: publish.dir is set but checkpoint.dir is not: bases are exported from checkpoints"
+            )

@@ -33,6 +33,7 @@ from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from rectrain.train.preflight import check_converted_parts, check_run_paths
 from rectrain.train.progress import ProgressReporter
+from rectrain.train.publish import Publisher
 from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
 
@@ -82,6 +83,8 @@ class TrainJob:
         self.dense_range = DenseRange()
         self.progress_bar = progress_bar
         self._saved_step: int | None = None
+        publishing = bool(config.publish.dir)
+        self.publisher = Publisher(config, self.training.model, env) if publishing else None
 
     def evaluate(self) -> dict[str, float]:
         """Metrics on the held-out split (collective: every rank calls it at the same point)."""
@@ -90,6 +93,8 @@ class TrainJob:
 
     def _batches(self, position: Position, stop: StopSignal) -> AgreedBatches:
         stream = self.dense_range.observe(self.data.train_batches(position.data))
+        if self.publisher is not None:
+            stream = self.publisher.observe(stream)
         steps = self.config.train.steps
         if steps is not None:  # exactly the batches left, so the pipeline never loads one past the end
             stream = itertools.islice(stream, max(0, steps - position.step))
@@ -136,6 +141,9 @@ class TrainJob:
         self._saved_step = position.step if position.step else None
         self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
         self._position, self._evaluated_step = position, None
+        self._cut = lambda: self._checkpoint(self._position, reporter)  # a base for publishing
+        if self.publisher is not None:
+            self.publisher.start(position.step, self._cut)
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:
@@ -155,6 +163,8 @@ class TrainJob:
         final_eval = not (self._evaluated_step == step or summary.stopped_by_signal)
         path = self._checkpoint(self._position, reporter, good=not final_eval)
         summary.checkpoint = path or summary.checkpoint
+        if self.publisher is not None:
+            self.publisher.finish(step, self._cut, wait_for_base=not summary.stopped_by_signal)
         if final_eval:
             self._final_evaluation(step, reporter, summary)
 
@@ -196,6 +206,8 @@ class TrainJob:
                 return
             if every_ckpt and position.step % every_ckpt == 0:
                 summary.checkpoint = self._checkpoint(position, reporter)
+            if self.publisher is not None:
+                self.publisher.after_step(position.step, self._cut)
 
     def _evaluate(self, step: int, reporter: ProgressReporter, summary: TrainSummary) -> None:
         """Evaluate and report; a failing evaluation is logged and the run goes on (training is not lost)."""
@@ -229,6 +241,8 @@ class TrainJob:
         if position.step == self._saved_step:
             return None
         self.guard.settle()  # never save the state a not-yet-read loss says diverged
+        if self.publisher is not None:
+            self.publisher.wait_for_export()
         dense_range = self.dense_range.gathered(self.env, self.training.device)
         path = checkpointing.save(self.config, self.training, self.env, position, dense_range)
         self._saved_step = position.step

@@ -1,0 +1,145 @@
+"""Delta publishing from training: after a base and its deltas, the served model is exactly the export of
+the trainer's checkpoint at the same step, at one and two ranks, for int8 and fp16 packages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from recserve.runtime.delta import list_stream, read_delta
+
+from recserve.export.accuracy import synthetic_sample
+from recserve.export.exporter import export_checkpoint
+from recserve.export.sources import CheckpointSource
+from recserve.runtime.package import read_manifest
+from recserve.runtime.predictor import Predictor
+from rectrain.distributed import ShardingEnv
+from rectrain.train.config import RunConfig
+from rectrain.train.job import TrainJob
+from rectrain.train.touched import TouchedRows
+from tests.distributed.multiprocess import run_multiprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = ", ".join(
+    f'{{ name = "t{i}", num_embeddings = {40 + 10 * i}, embedding_dim = 8, feature_names = ["cat_{i}"] }}'
+    for i in range(4)
+)
+
+
+def _config(tmp_path: Path, dtype: str, steps: int, *extra: str) -> list[str]:
+    return [
+        "model.dense_in_features=4",
+        "model.dense_arch_layer_sizes=[8, 8]",
+        "model.over_arch_layer_sizes=[8, 1]",
+        f"model.tables=[{TABLES}]",
+        "train.batch_size=16",
+        f"train.steps={steps}",
+        "train.eval_every=0",
+        "train.log_every=100",
+        f'train.metrics_log="{tmp_path / "metrics.jsonl"}"',
+        f'checkpoint.dir="{tmp_path / "ckpt"}"',
+        "checkpoint.keep_last=2",
+        f'publish.dir="{tmp_path / "publish"}"',
+        "publish.every_seconds=0.000001",  # every step
+        "publish.base_every=3",
+        f'publish.dtype="{dtype}"',
+        "publish.max_auc_drop=1.0",
+        *extra,
+    ]
+
+
+def _train(env: ShardingEnv | None, overrides: list[str]) -> int:
+    config = RunConfig.load(ROOT / "examples" / "dlrm_synthetic.toml", overrides)
+    return TrainJob(config, env, progress_bar=False).run().end.step
+
+
+def _followed(publish_dir: Path) -> tuple[Predictor, int, list[int]]:
+    """The newest base with its deltas applied, the step of the last delta, and the bases on disk."""
+    base, deltas = list_stream(publish_dir)
+    assert base is not None and deltas, sorted(p.name for p in publish_dir.iterdir())
+    manifest = read_manifest(base)
+    sha = hashlib.sha256((base / "manifest.json").read_bytes()).hexdigest()
+    predictor = Predictor.load(base)
+    step = -1
+    for sequence, path in enumerate(deltas, start=1):
+        delta = read_delta(path, manifest, sha, sequence)
+        predictor.apply_delta(delta)
+        step = delta.step
+    bases = sorted(int(p.name) for p in publish_dir.iterdir() if p.name.isdigit())
+    return predictor, step, bases
+
+
+def _exported(tmp_path: Path, config: RunConfig, step: int, dtype: str) -> Predictor:
+    with CheckpointSource(tmp_path / "ckpt", step=step) as checkpoint:
+        path = export_checkpoint(
+            tmp_path / "full", config.model, checkpoint, dtype=dtype, version="1", max_auc_drop=1.0
+        )
+    return Predictor.load(path)
+
+
+def _assert_same_scores(followed: Predictor, exported: Predictor, config: RunConfig) -> None:
+    sample = synthetic_sample(config.model, num_examples=256, ids_per_feature=(1, 3), seed=7)
+    assert torch.equal(followed.predict(sample.dense, sample.kjt), exported.predict(sample.dense, sample.kjt))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_one_rank_serves_exactly_the_checkpoint_export(tmp_path, dtype):
+    overrides = _config(tmp_path, dtype, steps=10)
+    steps = _train(None, overrides)
+    config = RunConfig.load(ROOT / "examples" / "dlrm_synthetic.toml", overrides)
+    followed, step, bases = _followed(tmp_path / "publish")
+    assert step == steps == 10
+    assert bases[-1] >= 2 and len(bases) <= 2  # new bases were cut and the older ones retired
+    _assert_same_scores(followed, _exported(tmp_path, config, steps, dtype), config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+def test_two_ranks_serve_exactly_the_checkpoint_export(tmp_path, dtype):
+    overrides = _config(tmp_path, dtype, 8, 'planner.sharding_types=["row_wise", "table_wise"]')
+    steps = run_multiprocess(_train, 2, overrides)
+    config = RunConfig.load(ROOT / "examples" / "dlrm_synthetic.toml", overrides)
+    followed, step, _ = _followed(tmp_path / "publish")
+    assert step == steps[0] == steps[1] == 8
+    _assert_same_scores(followed, _exported(tmp_path, config, 8, dtype), config)
+
+
+def test_a_restarted_run_cuts_a_new_base_from_its_checkpoint(tmp_path):
+    first = _config(tmp_path, "int8", steps=4)
+    _train(None, first)
+    _, _, bases_before = _followed(tmp_path / "publish")
+    second = _config(tmp_path, "int8", steps=7)
+    _train(None, second)  # resumes at step 4 from the checkpoint
+    config = RunConfig.load(ROOT / "examples" / "dlrm_synthetic.toml", second)
+    followed, step, bases = _followed(tmp_path / "publish")
+    assert step == 7 and bases[-1] > bases_before[-1]
+    _assert_same_scores(followed, _exported(tmp_path, config, 7, "int8"), config)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps  # the resumed run logged
+
+
+def test_touched_rows_keep_the_batches_still_in_flight():
+    from rectrain.embedding import EmbeddingBagConfig
+    from rectrain.models.batch import Batch
+    from rectrain.sparse import KeyedJaggedTensor
+
+    tables = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])]
+    touched = TouchedRows(tables)
+
+    def batch(ids: list[int]) -> Batch:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["f"], torch.tensor(ids), torch.ones(len(ids), dtype=torch.int32)
+        )
+        return Batch(torch.zeros(len(ids), 1), kjt, torch.zeros(len(ids)))
+
+    stream = touched.observe(iter([batch([1, 2]), batch([3, 99]), batch([4]), batch([5]), batch([6])]))
+    next(stream), next(stream)
+    assert touched.take()[0].tolist() == [1, 2, 3]  # 99 is out of range: no row trains on it
+    for _ in stream:
+        pass
+    # the first take's batches were marked again (they may not have trained yet), then the new ones
+    assert touched.take()[0].tolist() == [1, 2, 3, 4, 5, 6]
+    assert touched.take()[0].tolist() == [4, 5, 6]  # the three fetched last may still be in flight
