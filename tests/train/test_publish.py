@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,41 @@ def test_touched_rows_keep_the_batches_still_in_flight():
     # the first take's batches were marked again (they may not have trained yet), then the new ones
     assert touched.take()[0].tolist() == [1, 2, 3, 4, 5, 6]
     assert touched.take()[0].tolist() == [4, 5, 6]  # the three fetched last may still be in flight
+
+
+def test_a_kill_during_publishing_leaves_only_complete_deltas_and_the_restart_continues(tmp_path):
+    overrides = _config(tmp_path, "int8", steps=1_000_000)
+    command = [
+        sys.executable,
+        "-m",
+        "rectrain",
+        "train",
+        "--config",
+        str(ROOT / "examples" / "dlrm_synthetic.toml"),
+    ]
+    command += ["--no-progress", *[arg for o in overrides for arg in ("--set", o)]]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    publish = tmp_path / "publish"
+    try:
+        deadline = time.monotonic() + 120
+        # publishing every step, most moments are inside a publish (a delta or a base being staged)
+        while len(list(publish.glob("*-deltas/*"))) < 3:
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-2000:]
+            time.sleep(0.01)
+        process.kill()
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    _followed(publish)  # every visible delta of the newest base verifies and applies in sequence
+    resumed = _config(tmp_path, "int8", steps=_latest_step(tmp_path) + 3)
+    steps = _train(None, resumed)
+    config = RunConfig.load(ROOT / "examples" / "dlrm_synthetic.toml", resumed)
+    followed, step, _ = _followed(publish)
+    assert step == steps and not [p for p in publish.rglob(".*")]  # the killed run's staging is gone
+    _assert_same_scores(followed, _exported(tmp_path, config, steps, "int8"), config)
+
+
+def _latest_step(tmp_path: Path) -> int:
+    return int((tmp_path / "ckpt" / "latest").read_text().strip().removeprefix("step_"))
