@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from recserve.export.delta import write_delta
 from torch import Tensor
 
+from recserve.export.delta import write_delta
 from recserve.export.exporter import export_checkpoint
 from recserve.export.sources import CheckpointSource
 from rectrain.checkpoint import model_state
@@ -198,14 +198,14 @@ class Publisher:
 
     def _switch_base(self) -> None:
         assert self._pending is not None
-        previous, self._base = self._base, self._pending.version
+        self._base = self._pending.version
         logger.info("publish: base %s (step %d) is complete", self._base, self._pending.step)
         self._sequence, self._pending = 0, None
-        if self.rank == 0 and previous is not None:
-            for number in existing_bases(self.dir):
-                if number < int(previous):
-                    shutil.rmtree(self.dir / f"{number}-deltas", ignore_errors=True)
-                    shutil.rmtree(self.dir / str(number), ignore_errors=True)
+        if self.rank == 0:  # keep this base and the one before it (a follower may still be on it)
+            older = [n for n in existing_bases(self.dir) if n < int(self._base)]
+            for number in older[:-1]:
+                shutil.rmtree(self.dir / f"{number}-deltas", ignore_errors=True)
+                shutil.rmtree(self.dir / str(number), ignore_errors=True)
 
     def _report_failed_export(self) -> None:
         assert self._pending is not None
