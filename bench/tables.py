@@ -29,6 +29,12 @@ TABLES: dict[str, list[str]] = {
     "data_pipeline": [],
     "overload_burst": [],
     "foreign_criteo": [],
+    "freshness": [
+        "freshness p50 s",
+        "freshness p99 s",
+        "apply p99 / steady p99",
+        "train throughput publishing / not",
+    ],
 }
 
 

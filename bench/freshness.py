@@ -1,0 +1,287 @@
+"""Freshness: how soon a following server serves what training just learned (issue 45).
+
+Trains the DLRM (``--tables`` x ``--rows`` x ``--dim``, int8 bases; synthetic click data) online on
+``--ranks`` ranks with ``[publish] every_seconds = --every``, starts ``recserve serve --follow`` with
+``--workers`` workers, and keeps a closed loop of ``--clients`` callers on it until ``--publishes`` deltas
+have been served (at least 30 by default). First the same training runs for ``--baseline-s`` seconds without
+publishing, for the throughput ratio. It prints one line per figure, its value last:
+
+- ``freshness p50 s`` / ``freshness p99 s``: from the time the trainer read a delta's rows (its ``wall_time``)
+  to the first reply that names that version (or a later one);
+- ``failed requests``;
+- ``apply p99 / steady p99``: reply latency within 0.25 s of a new version's first reply vs the rest;
+- ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (ids included);
+- ``train throughput publishing / not``: median examples/s of the logged windows, both runs past warm-up;
+- ``peak memory <process> MiB``: VmHWM of every trainer rank and serving worker.
+
+    .venv/bin/python -m bench freshness [--rows 2000000] [--ranks 2] [--workers 2] [--publishes 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from machine import print_machine
+from serve_throughput import free_port, wait_serving
+
+from recserve.client import PredictorClient
+from recserve.client.loadgen import build_requests
+from recserve.v1 import predictor_pb2 as pb2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_config(args: argparse.Namespace, out: Path, publish: bool) -> Path:
+    tables = ", ".join(
+        f'{{ name = "t{i}", num_embeddings = {args.rows}, embedding_dim = {args.dim}, '
+        f'feature_names = ["cat_{i}"] }}'
+        for i in range(args.tables)
+    )
+    text = f"""
+[model]
+kind = "dlrm"
+dense_in_features = 13
+dense_arch_layer_sizes = [512, 256, {args.dim}]
+over_arch_layer_sizes = [512, 256, 1]
+tables = [{tables}]
+[data]
+source = "synthetic"
+ids_per_feature = [1, 4]
+[train]
+batch_size = {args.batch}
+steps = 100000000
+log_every = 20
+metrics_log = "{out / "metrics.jsonl"}"
+[checkpoint]
+dir = "{out / "ckpt"}"
+keep_last = 1
+"""
+    if publish:
+        text += f'[publish]\ndir = "{out / "publish"}"\nevery_seconds = {args.every}\nbase_every = 100000\n'
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.toml").write_text(text)
+    return out / "run.toml"
+
+
+def start_training(args: argparse.Namespace, config: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.ranks}"]
+    command += ["-m", "rectrain", "train", "--config", str(config), "--no-progress"]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def throughput(metrics: Path) -> float:
+    """Median examples/s of the logged windows past the first two (warm-up)."""
+    rates = [
+        e["examples_per_s"]
+        for e in map(json.loads, metrics.read_text().splitlines())
+        if e["event"] == "train"
+    ]
+    return statistics.median(rates[2:] or rates or [0.0])
+
+
+def descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    children = [int(p) for p in out]
+    return children + [g for c in children for g in descendants(c)]
+
+
+def peak_mib(pid: int) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    line = next((x for x in status.splitlines() if x.startswith("VmHWM:")), "VmHWM: 0 kB")
+    return int(line.split()[1]) / 1024
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"freshness: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Load:
+    """``clients`` closed-loop callers; each reply recorded as (sent, received, version), or counted failed."""
+
+    def __init__(self, target: str, clients: int, batch: int) -> None:
+        with PredictorClient(target) as client:
+            model = client.metadata()
+        self.requests = [pb2.PredictRequest.FromString(r) for r in build_requests(model, batch, 16, 4, 0)]
+        self.target, self.replies, self.failed = target, [], 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(clients)]
+
+    def _loop(self, index: int) -> None:
+        with PredictorClient(self.target) as client:
+            stub = client._predictor  # the raw stub: the reply's version is what is measured
+            i = index
+            while not self._stop.is_set():
+                sent = time.time()
+                try:
+                    reply = stub.Predict(self.requests[i % len(self.requests)], timeout=5)
+                except Exception:  # noqa: BLE001 - every failure counts, whatever its kind
+                    self.failed += 1
+                    continue
+                self.replies.append((sent, time.time(), reply.model_version))
+                i += 1
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+
+def version_key(version: str) -> tuple[int, int]:
+    base, _, sequence = version.partition(".")
+    return int(base), int(sequence or 0)
+
+
+def deltas_of(publish: Path) -> dict[tuple[int, int], dict]:
+    found = {}
+    for manifest in publish.glob("*-deltas/*/manifest.json"):
+        data = json.loads(manifest.read_text())
+        rows_file = manifest.parent / "rows.safetensors"
+        data["rows_bytes"] = rows_file.stat().st_size if rows_file.exists() else 0
+        found[(int(data["base_version"]), int(data["sequence"]))] = data
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tables", type=int, default=4)
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1024, help="training batch per rank")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--request-batch", type=int, default=64)
+    p.add_argument("--every", type=float, default=1.0, help="publish.every_seconds")
+    p.add_argument("--publishes", type=int, default=30, help="deltas to serve before stopping")
+    p.add_argument("--baseline-s", type=float, default=60, help="seconds of training without publishing")
+    p.add_argument("--timeout", type=float, default=1800)
+    args = p.parse_args()
+    print_machine()
+    print(
+        f"model {args.tables} x {args.rows} x {args.dim}, {args.ranks} ranks, {args.workers} workers",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="freshness-") as tmp:
+        root = Path(tmp)
+        baseline = start_training(args, run_config(args, root / "baseline", publish=False))
+        wait_for(
+            lambda: (root / "baseline" / "metrics.jsonl").exists(), args.timeout, "the baseline's first log"
+        )
+        time.sleep(args.baseline_s)
+        stop(baseline)
+        not_publishing = throughput(root / "baseline" / "metrics.jsonl")
+        print(f"train examples/s not publishing {not_publishing:.0f}", flush=True)
+
+        online = root / "online"
+        trainer = start_training(args, run_config(args, online, publish=True))
+        publish = online / "publish"
+        wait_for(lambda: (publish / "1" / "manifest.json").exists(), args.timeout, "the first base")
+        port, metrics_port = free_port(), free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "recserve.cli",
+            "serve",
+            "--follow",
+            str(publish),
+            "--port",
+            str(port),
+        ]
+        command += ["--workers", str(args.workers), "--metrics-port", str(metrics_port)]
+        server = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+        try:
+            wait_serving(server, port)
+            with Load(f"127.0.0.1:{port}", args.clients, args.request_batch) as load:
+                first = None
+
+                def served_enough() -> bool:
+                    nonlocal first
+                    versions = {v for _, _, v in load.replies[-200:]}
+                    newest = max((version_key(v) for v in versions), default=(0, 0))
+                    first = first or (newest if newest[1] else None)
+                    return first is not None and newest[1] - first[1] >= args.publishes
+
+                wait_for(served_enough, args.timeout, f"{args.publishes} served deltas")
+                pids = {"trainer rank": descendants(trainer.pid), "serving worker": descendants(server.pid)}
+                peaks = {kind: [peak_mib(pid) for pid in group] for kind, group in pids.items()}
+            publishing = throughput(online / "metrics.jsonl")
+        finally:
+            stop(trainer)
+            stop(server)
+        report(load, deltas_of(publish), args, publishing / not_publishing, peaks)
+
+
+def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: float, peaks: dict) -> None:
+    replies = sorted(load.replies, key=lambda r: r[1])
+    first_seen: dict[tuple[int, int], float] = {}
+    for _, received, version in replies:
+        first_seen.setdefault(version_key(version), received)
+    served = sorted(first_seen)
+    freshness = []
+    for key, delta in sorted(deltas.items()):
+        later = [first_seen[v] for v in served if v[0] == key[0] and v >= key]
+        if later:
+            freshness.append(min(later) - delta["wall_time"])
+    applies = [t for v, t in first_seen.items() if v[1]]
+    apply, steady = [], []
+    for sent, received, _ in replies:
+        near = any(abs(received - t) <= 0.25 for t in applies)
+        (apply if near else steady).append(received - sent)
+    row_bytes = args.dim + 4  # int8 codes + fp16 scale and bias
+    rows = sum(t["rows"] for d in deltas.values() for t in d["tables"].values())
+    rows_bytes = sum(d["rows_bytes"] for d in deltas.values())
+    freshness.sort()
+    print(f"deltas served {len(freshness)}")
+    print(f"freshness p50 s {percentile(freshness, 50):.3f}")
+    print(f"freshness p99 s {percentile(freshness, 99):.3f}")
+    print(f"failed requests {load.failed}")
+    apply_p99, steady_p99 = percentile(sorted(apply), 99), percentile(sorted(steady), 99)
+    print(f"steady p99 ms {steady_p99 * 1e3:.2f}")
+    print(f"apply p99 ms {apply_p99 * 1e3:.2f}")
+    print(f"apply p99 / steady p99 {apply_p99 / max(steady_p99, 1e-9):.3f}")
+    print(f"delta bytes / touched row bytes {rows_bytes / max(rows * row_bytes, 1):.3f}")
+    print(f"train throughput publishing / not {train_ratio:.3f}")
+    for kind, values in peaks.items():
+        for i, value in enumerate(values):
+            print(f"peak memory {kind} {i} MiB {value:.0f}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+if __name__ == "__main__":
+    main()
