@@ -122,7 +122,7 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 
 class Load:
-    """``clients`` closed-loop callers; each reply recorded as (sent, received, version), or counted failed."""
+    """``clients`` closed-loop callers; each reply kept as (sent, received, version), or counted failed."""
 
     def __init__(self, target: str, clients: int, batch: int) -> None:
         with PredictorClient(target) as client:
