@@ -116,6 +116,7 @@ class TrainJob:
         self._preflight()  # may drop checkpoint.overwrite (a restart): read the config after it
         cfg, t = self.config, self.training
         position = checkpointing.resume(cfg, t, self.env, self.data.initial_position(), self.dense_range)
+        self.online = OnlineMetrics(cfg, self.env, self.agreement)  # progressive window, Prometheus
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
             start_step=position.step,
@@ -136,7 +137,6 @@ class TrainJob:
         self._saved_step = position.step if position.step else None
         self.guard = DivergenceGuard(self.agreement, last_good_step=self._saved_step)
         self._position, self._evaluated_step = position, None
-        self.online = OnlineMetrics(cfg, self.env, self.agreement)
         start_time = time.perf_counter()
         try:
             with StopSignal() as stop:

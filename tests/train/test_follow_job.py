@@ -1,5 +1,6 @@
 """Training on a directory that keeps growing (``data.follow``): every arriving row trained exactly once
-across a stop and a resume, on 1 and 2 ranks; a stop while waiting for data; progressive metrics.
+across a stop and a resume, on 1 and 2 ranks; a stop while waiting for data; progressive metrics (scores of
+the training forward, any source); the Prometheus exporter.
 
 Every Criteo row's first integer feature is a unique example id; a forward pre-hook on the training model
 records the ids of every batch trained (as ``test_data_position`` does). Files arrive while the job trains:
@@ -20,17 +21,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from rectrain.checkpoint import read_manifest
 from rectrain.distributed import ShardingEnv
 from rectrain.errors import ConfigError
+from rectrain.metrics.functional import auc, normalized_entropy
 from rectrain.test_utils import get_free_port
 from rectrain.train.config import RunConfig
 from rectrain.train.job import TrainJob
 from rectrain.train.preflight import check_run_paths
 from rectrain.train.prometheus import MetricsExporter
 from tests.distributed.multiprocess import run_multiprocess
-from tests.train.test_job import EXAMPLES, SMALL_CRITEO_MODEL, events
+from tests.train.test_job import EXAMPLES, SMALL_CRITEO_MODEL, events, synthetic
 
 BATCH = 16
 
@@ -222,3 +225,19 @@ def test_the_exporter_serves_the_run_gauges_and_names_a_busy_port():
             MetricsExporter(exporter.port, addr="127.0.0.1")
     finally:
         exporter.close()
+
+
+def test_progressive_metrics_of_any_source_score_the_training_forwards_logits(tmp_path):
+    window = ["train.progressive=true", "train.progressive_window=128", "train.log_every=3"]
+    config = synthetic(tmp_path, *window, "train.steps=6", "train.eval_every=0")
+    job = TrainJob(config, progress_bar=False)
+    scored: list[tuple[torch.Tensor, torch.Tensor]] = []
+    job.training.model.register_forward_hook(lambda m, a, out: scored.append((out[1][1], out[1][2])))
+    job.run()
+    logged = [e for e in events(tmp_path / "metrics.jsonl") if e["event"] == "progressive"]
+    assert [e["step"] for e in logged] == [3, 6]
+    for event in logged:  # the window: the last two batches of 64 before the logged step
+        logits, labels = (torch.cat(t) for t in zip(*scored[event["step"] - 2 : event["step"]]))
+        assert event["num_examples"] == 128
+        assert event["auc"] == pytest.approx(auc(torch.sigmoid(logits), labels), abs=1e-6)
+        assert event["ne"] == pytest.approx(normalized_entropy(torch.sigmoid(logits), labels), rel=1e-5)
