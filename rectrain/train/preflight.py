@@ -32,6 +32,11 @@ _TEXT_SOURCES = {"criteo": "Criteo TSV", "movielens": "MovieLens ratings"}
 def check_run_paths(config: RunConfig, *, training: bool = True) -> None:
     """Check the paths of ``config``; ``training=False`` (``rectrain eval``) checks what evaluation reads."""
     src, data = config.source, config.data
+    if not training and data.follow and not data.eval_paths:
+        raise ConfigError(
+            f"{src}: data.eval_paths: a followed directory has no held-out split (its runs are evaluated "
+            "progressively, see the metrics log); give data.eval_paths to evaluate a checkpoint"
+        )
     keys = [("data.eval_paths", data.eval_paths)] if data.eval_paths else [("data.paths", data.paths)]
     if training and data.eval_paths:
         keys.insert(0, ("data.paths", data.paths))

@@ -211,6 +211,8 @@ def test_a_missing_followed_directory_is_refused_before_training(tmp_path):
     config = RunConfig.load(EXAMPLES / "dlrm_criteo.toml", _overrides(tmp_path, "m.jsonl"))
     with pytest.raises(ConfigError, match="data.paths: .*incoming does not exist; data.follow reads"):
         check_run_paths(config)
+    with pytest.raises(ConfigError, match="data.eval_paths: a followed directory has no held-out split"):
+        check_run_paths(config, training=False)  # rectrain eval
 
 
 def test_the_exporter_serves_the_run_gauges_and_names_a_busy_port():
