@@ -42,13 +42,16 @@ class DataPosition:
     ``offset`` batches of every rank's own stream (``unit="batches"``: synthetic data is made per rank).
 
     ``source`` names the data (``"criteo"``, ``"movielens"``, ``"synthetic"``) so that a resume on other data
-    is noticed. Stored in the checkpoint manifest as ``data_position``.
+    is noticed. ``file`` (a followed directory, ``rectrain.datasets.follow``): the name of the file being
+    read; ``offset`` then counts its rows, files whose names sort before it are done, ``epoch`` is unused (0).
+    Stored in the checkpoint manifest as ``data_position`` (``file`` only when set).
     """
 
     epoch: int = 0
     offset: int = 0
     unit: str = ROWS
     source: str = ""
+    file: str = ""
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
@@ -57,15 +60,20 @@ class DataPosition:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"DataPosition.{name} must be a non-negative int, got {value!r}")
+        if not isinstance(self.file, str) or "/" in self.file:
+            raise ConfigError(f"DataPosition.file must be a file name (no directory), got {self.file!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if not self.file:  # the manifests of file and synthetic sources stay as they were
+            del record["file"]
+        return record
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "data_position") -> DataPosition:
         """Parse a stored position; ``ConfigError`` naming ``where`` when it is not one."""
-        if not isinstance(data, dict) or set(data) - {"epoch", "offset", "unit", "source"}:
-            raise ConfigError(f"{where}: expected {{epoch, offset, unit, source}}, got {data!r:.120}")
+        if not isinstance(data, dict) or set(data) - {"epoch", "offset", "unit", "source", "file"}:
+            raise ConfigError(f"{where}: expected {{epoch, offset, unit, source[, file]}}, got {data!r:.120}")
         try:
             return cls(**data)
         except (TypeError, ConfigError) as e:

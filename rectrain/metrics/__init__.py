@@ -10,9 +10,11 @@ from rectrain.metrics.functional import (
     recall_at_k,
     retrieval_scores,
 )
+from rectrain.metrics.window import WindowedMetrics
 
 __all__ = [
     "MetricsComputer",
+    "WindowedMetrics",
     "accuracy",
     "auc",
     "calibration",

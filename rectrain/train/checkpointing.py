@@ -62,6 +62,8 @@ def data_identity(config: RunConfig) -> dict:
     data = config.data
     if data.source == "synthetic":
         return {"source": data.source}
+    if data.follow:  # the directory grows: its identity is its path (the position says what was read)
+        return {"source": data.source, "follow": True, "paths": [[str(Path(data.paths[0]).absolute()), None]]}
     return {"source": data.source, "paths": [_path_identity(p, data.source) for p in data.paths]}
 
 

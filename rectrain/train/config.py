@@ -56,6 +56,13 @@ class DataConfig:
     training when ``num_workers = 0`` (with workers, each worker's prefetch depth); 0 turns it off.
     ``num_workers``: DataLoader processes reading the text sources and synthetic data; converted data and
     Parquet are always read by the prefetch thread (cheaper than sending each batch from a process).
+
+    ``follow``: ``paths`` is one directory whose files (of ``source``'s format; converted data: directories)
+    arrive while the run trains (``rectrain.datasets.follow``: complete once renamed in, read once each in
+    name order, dot-names and ``*.tmp`` never read); the run waits for new files (listing every
+    ``follow_poll_s``) and ends after ``follow_idle_stop_s`` without any (default: never), on SIGTERM or at
+    ``train.steps`` (``train.epochs``, if given, is 1: one pass). Every row is trained (no held-out split;
+    evaluation is progressive, and ``eval_paths``).
     """
 
     source: str = field(
@@ -77,6 +84,9 @@ class DataConfig:
     dense_columns: list[str] = field(default_factory=list)
     sparse_columns: list[str] = field(default_factory=list)
     shuffle: bool = False
+    follow: bool = False
+    follow_poll_s: float = field(default=1.0, metadata=positive())
+    follow_idle_stop_s: float | None = field(default=None, metadata=positive())
 
 
 @dataclass
@@ -134,6 +144,11 @@ class TrainConfig:
     record of the run; ``tensorboard_dir`` also sends its metrics to TensorBoard (needs ``tensorboard``).
     ``collective_timeout_s``: how long a rank waits for its peers in a collective before it fails with an
     error naming the ranks that did not arrive (a hung or dead rank).
+
+    ``progressive`` (default: on with ``data.follow``): score every batch before training on it (the training
+    forward's logits) and log AUC and NE over the last ``progressive_window`` examples of all ranks at every
+    ``log_every`` step (``rectrain.train.progressive``). ``metrics_port``: rank 0 serves Prometheus metrics
+    (``rectrain_step``, ``rectrain_progressive_auc``, ...) on this port.
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -149,6 +164,9 @@ class TrainConfig:
     device: str = field(default="auto", metadata=choices("auto", "cpu", "cuda"))
     recall_k: int = field(default=10, metadata=positive())
     collective_timeout_s: float = field(default=600.0, metadata=positive())
+    progressive: bool | None = None
+    progressive_window: int = field(default=100_000, metadata=positive())
+    metrics_port: int | None = field(default=None, metadata=positive())
 
 
 @dataclass
@@ -270,8 +288,11 @@ class RunConfig:
         data, train, src = self.data, self.train, self.source
         if train.steps is not None and train.epochs is not None:
             raise ConfigError(f"{src}: train: give steps or epochs, not both")
-        if train.steps is None and train.epochs is None:
+        if data.follow:
+            self._validate_follow()
+        elif train.steps is None and train.epochs is None:
             raise ConfigError(f"{src}: train: give steps (an int) or epochs (an int)")
+        self._validate_progressive()
         if data.source != "synthetic" and not data.paths:
             raise ConfigError(f"{src}: data.paths: {data.source} needs at least one file")
         if data.source == "synthetic" and (data.paths or data.eval_paths):
@@ -297,3 +318,43 @@ class RunConfig:
             raise ConfigError(
                 f"{src}: publish.dir is set but checkpoint.dir is not: bases are exported from checkpoints"
             )
+
+    @property
+    def progressive(self) -> bool:
+        """Whether each batch is scored before it is trained on (``train.progressive``; default: follow)."""
+        on = self.train.progressive
+        return self.data.follow if on is None else on
+
+    def _validate_follow(self) -> None:
+        data, train, src = self.data, self.train, self.source
+        if data.source == "synthetic":
+            raise ConfigError(f"{src}: data.follow: synthetic data has no files to follow; set data.source")
+        if len(data.paths) != 1:
+            count = len(data.paths)
+            raise ConfigError(f"{src}: data.paths: data.follow reads one directory, got {count} paths")
+        if train.epochs not in (None, 1):  # 1: the one pass of a followed directory, what it always does
+            raise ConfigError(
+                f"{src}: train.epochs: a followed directory is one pass (each file read once); remove epochs "
+                "or set it to 1 (run until SIGTERM, data.follow_idle_stop_s or train.steps)"
+            )
+        if train.eval_every and not data.eval_paths:
+            raise ConfigError(
+                f"{src}: train.eval_every: data.follow trains on every row (evaluation is progressive); give "
+                "data.eval_paths to also evaluate on held-out files, or set eval_every = 0"
+            )
+        if data.follow_poll_s >= train.collective_timeout_s / 2:
+            raise ConfigError(
+                f"{src}: data.follow_poll_s: {data.follow_poll_s} s is too close to "
+                f"train.collective_timeout_s ({train.collective_timeout_s} s): ranks with data wait that "
+                "long for a polling peer"
+            )
+
+    def _validate_progressive(self) -> None:
+        src, port = self.source, self.train.metrics_port
+        if self.progressive and self.model.kind == "two_tower":
+            raise ConfigError(
+                f"{src}: train.progressive: a two-tower model's training logits are in-batch softmax scores, "
+                "not click predictions; set train.progressive = false"
+            )
+        if port is not None and port > 65535:
+            raise ConfigError(f"{src}: train.metrics_port: {port} is not a TCP port (1..65535)")

@@ -9,11 +9,15 @@ position once it is trained (``PositionedBatch``), which a checkpoint records:
   columnar source, positions in that epoch's order), the same on every rank and for any number of ranks, so
   a run resumed on another world size continues with the next row;
 - synthetic batches are made per rank from (seed, rank, index): the position counts each rank's batches.
+- a followed directory (``data.follow``, ``rectrain.datasets.follow``) is read file by file, each file in
+  its own global windows: the position is (the file being read, its rows consumed); while no file is new
+  the stream yields ``WAITING`` (the ranks agree on it step by step, ``rectrain.train.sync``).
 
 Held-out split: synthetic evaluation batches come from "virtual ranks" ``world_size .. 2 * world_size - 1``
 (the same hidden task, examples no training rank sees); file sources use ``eval_paths`` when given, else
 every ``holdout_every``-th block of ``batch_size`` rows (counted from the start of the epoch) is kept out of
-training and read, in windows, for evaluation.
+training and read, in windows, for evaluation. A followed directory trains on every row: its evaluation is
+progressive (``rectrain.train.progressive``), plus ``eval_paths`` when given.
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ import logging
 import multiprocessing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
 from rectrain.datasets import CriteoConfig, MovieLensConfig, SyntheticConfig, build_dataset
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, NUM_DENSE
 from rectrain.datasets.factory import DatasetConfig
+from rectrain.datasets.follow import WAITING, FileBatch, FollowConfig, Waiting, follow
 from rectrain.datasets.movielens import FEATURE_NAMES as MOVIELENS_FEATURES
 from rectrain.datasets.prefetch import Prefetcher
-from rectrain.datasets.windows import BATCHES, ROWS, DataPosition, Holdout, Windowed
+from rectrain.datasets.windows import BATCHES, ROWS, BatchAt, DataPosition, Holdout, Windowed
 from rectrain.errors import ConfigError, RecTrainError
 from rectrain.models.batch import Batch
 from rectrain.train.columnar_data import columnar_dataset_config
@@ -40,6 +47,8 @@ from rectrain.train.config import RunConfig
 from rectrain.train.features import feature_rows, require_features
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Sources whose batches are cheaper to read than to send from another process: read by the prefetch thread.
 _READ_IN_PROCESS = ("converted", "parquet")
@@ -74,7 +83,12 @@ class RunData:
     def initial_position(self) -> DataPosition:
         return DataPosition(0, 0, self.unit, self.config.data.source)
 
-    def train_batches(self, start: DataPosition | None = None) -> Iterator[PositionedBatch]:
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run has a held-out split (a followed directory has one only with ``eval_paths``)."""
+        return not self.config.data.follow or bool(self.config.data.eval_paths)
+
+    def train_batches(self, start: DataPosition | None = None) -> Iterator[PositionedBatch | Waiting]:
         """This rank's training batches from ``start`` (``epochs`` passes, else endless).
 
         A position counted in batches on a file source (a checkpoint without a global position, written by
@@ -89,6 +103,8 @@ class RunData:
                     f"{start.source or 'files'}; synthetic data cannot continue from it"
                 )
             return self._counted(self._synthetic_batches(start.offset), start.offset)
+        if data.follow:
+            return self._followed_batches(start)
         if start.unit == BATCHES:
             stream = self._file_batches(self.initial_position())
             return itertools.islice(stream, start.offset, None)
@@ -110,6 +126,30 @@ class RunData:
                 yield PositionedBatch(item.batch, DataPosition(epoch, item.end, ROWS, data.source))
             if empty and offset == 0:
                 raise ConfigError(f"{self.config.source}: data.paths: epoch {epoch} gave no training rows")
+
+    def _followed_batches(self, start: DataPosition) -> Iterator[PositionedBatch | Waiting]:
+        data = self.config.data
+        if start.unit != ROWS or (start.offset and not start.file):
+            raise ConfigError(
+                f"{self.config.source}: data.follow: the checkpoint's data position ({start}) is not a "
+                "followed directory's; resume with the data it was trained on, or start afresh "
+                "(checkpoint.resume = false)"
+            )
+        follow_config = FollowConfig(data.paths[0], data.follow_poll_s, data.follow_idle_stop_s)
+        for item in follow(follow_config, self._read_followed_file, start.file, start.offset):
+            if item is WAITING:
+                yield WAITING
+            else:
+                assert isinstance(item, FileBatch)
+                yield PositionedBatch(item.batch, DataPosition(0, item.end, ROWS, data.source, item.file))
+
+    def _read_followed_file(self, path: Path, start_row: int) -> Iterable[BatchAt]:
+        """One arrived file's windows for this rank from ``start_row``, read as the source's files are."""
+        data = self.config.data
+        dataset = build_dataset(
+            source_config(self.config, [str(path)]), self.rank, self.world_size, start_row=start_row
+        )
+        return _loader(Windowed(dataset), self._num_workers(), data.prefetch)
 
     def _synthetic_batches(self, start: int) -> Iterator[Batch]:
         data, train = self.config.data, self.config.train
@@ -145,6 +185,8 @@ class RunData:
             dataset_config = replace(source_config(self.config, []), num_batches=count)
             dataset = build_dataset(dataset_config, self.rank + self.world_size, 2 * self.world_size)
             return iter(dataset)
+        if not self.evaluates:
+            return iter(())
         paths = data.eval_paths or data.paths
         dataset = build_dataset(
             source_config(self.config, paths), self.rank, self.world_size, select=self._holdout(True)
@@ -163,7 +205,8 @@ def _say_read_in_process(source: str, num_workers: int) -> None:
 
 
 def _holds_out_batches(config: RunConfig) -> bool:
-    return config.data.source != "synthetic" and not config.data.eval_paths
+    data = config.data
+    return data.source != "synthetic" and not data.eval_paths and not data.follow
 
 
 def _loader(dataset: IterableDataset, num_workers: int, prefetch: int) -> Iterable[Batch]:
@@ -212,6 +255,18 @@ def _epochs(
             yield batch
         if empty:
             raise ConfigError(f"{source}: data.paths: epoch {epoch} gave this rank no batches")
+
+
+def first_batches(stream: Iterable[T], count: int) -> Iterator[T]:
+    """The items of ``stream`` up to its ``count``-th batch: ``WAITING`` items pass without counting."""
+    if count <= 0:
+        return
+    for item in stream:
+        yield item
+        if not isinstance(item, Waiting):
+            count -= 1
+            if count == 0:
+                return
 
 
 def _synthetic_stream(

@@ -39,7 +39,9 @@ class DenseRange:
     def observe(self, stream: Iterator[Any]) -> Iterator[Any]:
         """``stream``'s items (``PositionedBatch``), each batch's dense features counted as it passes."""
         for item in stream:
-            self.update(item.batch.dense_features)
+            batch = getattr(item, "batch", None)  # a followed directory's WAITING has none
+            if batch is not None:
+                self.update(batch.dense_features)
             yield item
 
     def restore(self, recorded: dict | None) -> None:

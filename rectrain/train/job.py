@@ -12,7 +12,6 @@ the training data checkpoints the last step before it ends the run.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -26,13 +25,14 @@ from rectrain.train import checkpointing
 from rectrain.train.build import TrainingModel, build_training
 from rectrain.train.checkpointing import Position
 from rectrain.train.config import RunConfig
-from rectrain.train.data import RunData
+from rectrain.train.data import RunData, first_batches
 from rectrain.train.dense_range import DenseRange
 from rectrain.train.evaluate import evaluate
 from rectrain.train.guard import DivergenceGuard
 from rectrain.train.pipeline import TrainPipelineBase, TrainPipelineSparseDist
 from rectrain.train.preflight import check_converted_parts, check_run_paths
 from rectrain.train.progress import ProgressReporter
+from rectrain.train.progressive import OnlineMetrics
 from rectrain.train.publish import Publisher
 from rectrain.train.schedule import ScheduledLR
 from rectrain.train.sync import AgreedBatches, RankAgreement, StopSignal
@@ -97,8 +97,8 @@ class TrainJob:
             stream = self.publisher.observe(stream)
         steps = self.config.train.steps
         if steps is not None:  # exactly the batches left, so the pipeline never loads one past the end
-            stream = itertools.islice(stream, max(0, steps - position.step))
-        return AgreedBatches(stream, self.agreement, stop)
+            stream = first_batches(stream, max(0, steps - position.step))
+        return AgreedBatches(stream, self.agreement, stop, keyed=self.config.data.follow)
 
     def _preflight(self) -> None:
         """Every configured path checked on every rank before anything trains (converted parts' sha256 shared
@@ -121,6 +121,7 @@ class TrainJob:
         self._preflight()  # may drop checkpoint.overwrite (a restart): read the config after it
         cfg, t = self.config, self.training
         position = checkpointing.resume(cfg, t, self.env, self.data.initial_position(), self.dense_range)
+        self.online = OnlineMetrics(cfg, self.env, self.agreement)  # progressive window, Prometheus
         reporter = ProgressReporter(
             total_steps=cfg.train.steps,
             start_step=position.step,
@@ -152,6 +153,7 @@ class TrainJob:
             self._finish(reporter, summary)
         finally:
             reporter.close(self._position.step)
+            self.online.close()
         summary.end = self._position
         return summary
 
@@ -160,7 +162,7 @@ class TrainJob:
         fails or never ends. On SIGTERM only the checkpoint (the grace period is short)."""
         step = self._position.step
         reporter.flush(step)
-        final_eval = not (self._evaluated_step == step or summary.stopped_by_signal)
+        final_eval = self.data.evaluates and not (self._evaluated_step == step or summary.stopped_by_signal)
         path = self._checkpoint(self._position, reporter, good=not final_eval)
         summary.checkpoint = path or summary.checkpoint
         if self.publisher is not None:
@@ -182,7 +184,8 @@ class TrainJob:
             self.lr.apply(position.step)
             try:
                 output = pipeline.progress(batches)
-            except StopIteration:
+            except StopIteration:  # the data ended, or a stop was agreed while waiting for data
+                summary.stopped_by_signal = batches.stop_agreed
                 return
             except Exception:
                 if batches.failed and position.step:  # every rank failed to read: keep what was trained
@@ -193,6 +196,7 @@ class TrainJob:
             position = self._position = Position(position.step + 1, position.examples + rows, data)
             loss = _loss_of(output)
             reporter.on_step(position.step, loss, position.examples)
+            self.online.after_step(position, output, reporter)
             # On a GPU the loss is read back at the logging steps only (the guard settles before every
             # evaluation and checkpoint too), not every step.
             self.guard.check_loss(position.step, loss, settle=position.step % cfg.train.log_every == 0)

@@ -32,10 +32,18 @@ _TEXT_SOURCES = {"criteo": "Criteo TSV", "movielens": "MovieLens ratings"}
 def check_run_paths(config: RunConfig, *, training: bool = True) -> None:
     """Check the paths of ``config``; ``training=False`` (``rectrain eval``) checks what evaluation reads."""
     src, data = config.source, config.data
+    if not training and data.follow and not data.eval_paths:
+        raise ConfigError(
+            f"{src}: data.eval_paths: a followed directory has no held-out split (its runs are evaluated "
+            "progressively, see the metrics log); give data.eval_paths to evaluate a checkpoint"
+        )
     keys = [("data.eval_paths", data.eval_paths)] if data.eval_paths else [("data.paths", data.paths)]
     if training and data.eval_paths:
         keys.insert(0, ("data.paths", data.paths))
     for key, paths in keys:
+        if key == "data.paths" and data.follow:
+            _check_followed_directory(paths[0], f"{src}: data.paths")
+            continue
         for path in paths:
             _check_data_path(config, path, f"{src}: {key}")
     plan_file = config.planner.plan_file
@@ -72,7 +80,8 @@ def check_converted_parts(config: RunConfig, rank: int = 0, world_size: int = 1)
     if config.data.source != "converted":
         return
     start, parts = time.perf_counter(), []
-    for location in dict.fromkeys([*config.data.paths, *config.data.eval_paths]):
+    followed = [] if config.data.follow else config.data.paths  # a followed directory's arrive later
+    for location in dict.fromkeys([*followed, *config.data.eval_paths]):
         try:
             manifest, directory = ColumnarManifest.load(location)
             manifest.check_files(directory)
@@ -92,6 +101,16 @@ def check_converted_parts(config: RunConfig, rank: int = 0, world_size: int = 1)
         len(parts),
         time.perf_counter() - start,
     )
+
+
+def _check_followed_directory(path: str, where: str) -> None:
+    """``data.follow``'s directory exists (its files are checked as they arrive: it may start empty)."""
+    if not Path(path).is_dir():
+        state = "is not a directory" if Path(path).exists() else "does not exist"
+        raise ConfigError(
+            f"{where}: {path} {state}; data.follow reads the files that arrive in one directory: create it "
+            "(files are renamed into it when complete)"
+        )
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -213,6 +232,8 @@ def _difference(recorded: dict, current: dict) -> str:
     """The first difference between two ``data_identity`` records, in words."""
     if recorded.get("source") != current.get("source"):
         return f"data.source was {recorded.get('source')!r}, now {current.get('source')!r}"
+    if recorded.get("follow", False) != current.get("follow", False):
+        return f"data.follow was {recorded.get('follow', False)}, now {current.get('follow', False)}"
     old, new = recorded.get("paths", []), current.get("paths", [])
     if [p for p, _ in old] != [p for p, _ in new]:
         return f"data.paths were {[p for p, _ in old]}"

@@ -6,6 +6,13 @@ forever, so before each batch the ranks agree, in one tiny all-reduce on a side 
 has a batch", "some rank was asked to stop" and "some rank failed to read its batch", and count the rows of
 the step (the examples trained, exact even when ranks' batches differ in size). Every rank fetches its
 batches in the same order (the pipelines do), so the agreed flags change at the same step everywhere.
+
+A followed directory (``rectrain.datasets.follow``) adds two things to the same all-reduce. A rank whose
+stream is waiting for the next file says so; then no rank trains: the ranks that have a batch hold it and
+every rank agrees again (the waiting rank after its next poll), so a stop or a failure is agreed while
+waiting too and no rank sits in a collective longer than one poll. And each rank contributes a key of its
+data position (file and row), so ranks that would train different files at one step (a file renamed in
+out of name order, or seen by one host before another) fail together instead of training inconsistent data.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rectrain.datasets.follow import Waiting
 from rectrain.datasets.windows import DataPosition
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.timeouts import collective, new_group
@@ -67,6 +76,8 @@ class Agreed:
     failed_ranks: tuple[int, ...]
     rows: int
     someone_empty: bool = False
+    someone_waits: bool = False
+    keys_differ: bool = False
 
 
 class RankAgreement:
@@ -87,16 +98,27 @@ class RankAgreement:
         return tensor.tolist()
 
     def agree(
-        self, has_batch: bool, stop: bool, failed: bool = False, rows: int = 0, empty: bool = False
+        self,
+        has_batch: bool,
+        stop: bool,
+        failed: bool = False,
+        rows: int = 0,
+        empty: bool = False,
+        waiting: bool = False,
+        key: int | None = None,
     ) -> Agreed:
-        """Every rank's flags and row count combined (collective)."""
+        """Every rank's flags and row count combined (collective). ``key`` (the same on every rank, or None
+        on every rank): a number every rank must agree on, checked when no rank waits."""
         failing = [0] * self._world_size
         failing[self._rank] = int(failed)
-        missing, stopping, emptied, total_rows, *failed_by_rank = self._sum(
-            [int(not has_batch), int(stop), int(empty), rows, *failing], "batch agreement"
-        )
-        failed_ranks = tuple(r for r, f in enumerate(failed_by_rank) if f)
-        return Agreed(missing == 0, stopping > 0, failed_ranks, total_rows, emptied > 0)
+        keys = [] if key is None else [0] * self._world_size
+        if key is not None:
+            keys[self._rank] = key
+        flags = [int(not has_batch), int(stop), int(empty), rows, int(waiting), *failing, *keys]
+        missing, stopping, emptied, total_rows, waits, *by_rank = self._sum(flags, "batch agreement")
+        failed_ranks = tuple(r for r, f in enumerate(by_rank[: self._world_size]) if f)
+        differ = len(set(by_rank[self._world_size :])) > 1
+        return Agreed(missing == 0, stopping > 0, failed_ranks, total_rows, emptied > 0, waits > 0, differ)
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on some rank."""
@@ -117,8 +139,11 @@ class AgreedBatches(Iterator[Batch]):
     """``batches`` that end on every rank as soon as one rank's end; ``stop_agreed`` once any rank stops.
 
     Items may be ``PositionedBatch``es: then ``trained()``, called once per trained step in order, gives the
-    rows all ranks trained in that step and the data position after it. A rank that fails to read its next
-    batch raises its error, and every other rank raises ``DataReadError`` at the same step (``failed``).
+    rows all ranks trained in that step and the data position after it, and ``WAITING`` (a followed
+    directory without a new file): no rank trains until no rank waits. ``keyed``: check every step that the
+    ranks' positions agree (followed data, where each rank picks its next file itself). A rank that fails
+    to read its next batch raises its error, and every other rank raises ``DataReadError`` at the same step
+    (``failed``).
     """
 
     def __init__(
@@ -126,12 +151,16 @@ class AgreedBatches(Iterator[Batch]):
         batches: Iterator[Batch | PositionedBatch],
         agreement: RankAgreement,
         stop: StopSignal | None = None,
+        *,
+        keyed: bool = False,
     ) -> None:
         self._batches, self._agreement, self._stop = batches, agreement, stop
+        self._keyed = keyed  # every rank alike: the ranks check that they train the same positions
         self.stop_agreed = False
         self.failed = False
         self._ended = False
         self._fetched: deque[tuple[int, DataPosition | None]] = deque()
+        self._held: Batch | PositionedBatch | None = None  # a batch kept while a peer waits for data
 
     def __next__(self) -> Batch:
         while True:
@@ -144,15 +173,21 @@ class AgreedBatches(Iterator[Batch]):
     def _next_agreed(self) -> Batch | None:
         """The next batch, or None for a step that every rank skips (some rank's batch has no rows)."""
         error: Exception | None = None
-        try:
-            item = next(self._batches, None)
-        except Exception as e:  # agreed below, so that no rank is left waiting in the next collective
-            item, error = None, e
+        item, self._held = self._held, None
+        if item is None:
+            try:
+                item = next(self._batches, None)
+            except Exception as e:  # agreed below, so that no rank is left waiting in the next collective
+                item, error = None, e
+        waiting = isinstance(item, Waiting)
         batch, position = (item.batch, item.position) if isinstance(item, PositionedBatch) else (item, None)
+        batch = None if waiting else batch
         wants_stop = self._stop is not None and self._stop.requested
         rows = 0 if batch is None else int(batch.labels.shape[0])
         empty = batch is not None and rows == 0
-        agreed = self._agreement.agree(batch is not None, wants_stop, error is not None, rows, empty)
+        has = batch is not None or waiting
+        key = _position_key(position) if self._keyed else None
+        agreed = self._agreement.agree(has, wants_stop, error is not None, rows, empty, waiting, key)
         self.stop_agreed = self.stop_agreed or agreed.someone_stops
         if agreed.failed_ranks:
             self._ended = self.failed = True
@@ -163,6 +198,19 @@ class AgreedBatches(Iterator[Batch]):
         if not agreed.everyone_has:
             self._ended = True
             raise StopIteration
+        if agreed.someone_waits:  # nobody trains; try again (a stop ends the run, the held batch untrained)
+            self._held = None if waiting else item
+            if self.stop_agreed:
+                self._ended = True
+                raise StopIteration
+            return None
+        if agreed.keys_differ:
+            self._ended = self.failed = True
+            raise DataReadError(
+                f"the ranks would train different files or rows at this step (this rank: {position}): a "
+                "file was renamed into the followed directory out of name order, or is not yet visible on "
+                "every host"
+            )
         if agreed.someone_empty:  # all its rows were malformed: a step of no rows would make the loss NaN
             logger.warning("a rank's batch has no valid rows; all skip this step (%d rows)", agreed.rows)
             return None
@@ -172,3 +220,10 @@ class AgreedBatches(Iterator[Batch]):
     def trained(self) -> tuple[int, DataPosition | None]:
         """(rows trained by all ranks, data position after them) of the oldest batch not yet accounted for."""
         return self._fetched.popleft()
+
+
+def _position_key(position: DataPosition | None) -> int:
+    """A number naming a data position (file and row), equal on every rank that reads the same window."""
+    if position is None:
+        return 0
+    return zlib.crc32(f"{position.file}:{position.offset}".encode()) + 1

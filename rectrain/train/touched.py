@@ -37,6 +37,9 @@ class TouchedRows:
         """``stream`` (``Batch``es or ``PositionedBatch``es) unchanged, each batch's ids marked."""
         for item in stream:
             batch = getattr(item, "batch", item)
+            if not hasattr(batch, "sparse_features"):  # a followed directory's WAITING: no batch
+                yield item
+                continue
             ids = self._ids_of(batch.sparse_features)
             self._recent.append(ids)
             self._mark(ids)
