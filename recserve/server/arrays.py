@@ -13,7 +13,12 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
+from recserve.runtime.validation import RequestFields
 
+# How errors name the fields of a recserve.v1 request (the OIP's: recserve.server.oip).
+V1_FIELDS = RequestFields(
+    keys="sparse.keys", lengths="sparse.lengths", values="sparse.values", weights="sparse.weights"
+)
 # wire dtype -> (little-endian numpy dtype, torch dtype)
 WIRE_DTYPES = {
     "int32": ("<i4", torch.int32),
@@ -64,3 +69,5 @@ class FeatureArrays:
     values: Tensor
     weights: Tensor | None = None
     request_id: str = ""
+    counts: list[int] | None = None  # ids sent per key, where the wire sends each key's apart (OIP)
+    fields: RequestFields = V1_FIELDS  # how errors name the request's fields
