@@ -57,10 +57,6 @@ class RequestValidator:
         self.num_embeddings = dict(num_embeddings)
         self._limits: dict[tuple[str, ...], Tensor] = {}
 
-    def check(self, dense: Tensor, kjt: KeyedJaggedTensor, *, checked: bool = False) -> int:
-        """The batch size, or InvalidRequestError naming what is wrong (see ``safe_batch``)."""
-        return self.safe_batch(dense, kjt, checked=checked)[0]
-
     def safe_batch(
         self,
         dense: Tensor,

@@ -83,22 +83,11 @@ class InferenceRequest:
 
 def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceRequest:
     """``arrays`` checked alone, wire rules and data, against ``schema``; errors name ``arrays.fields``."""
-    fields = arrays.fields
-    order, dense = _wire_rules(arrays, schema, fields)
-    kjt = KeyedJaggedTensor(
-        keys=arrays.keys,
-        values=arrays.values,
-        weights=arrays.weights,
-        lengths=arrays.lengths,
-        stride=arrays.batch_size,
-        validate=False,
-    )
-    _, kjt = schema.validator.safe_batch(dense, kjt, fields=fields, sent=arrays.counts)
-    if order is not None:
-        kjt = kjt.permute(order)
+    order, dense = _wire_rules(arrays, schema, arrays.fields)
+    _, kjt = schema.validator.safe_batch(dense, _kjt(arrays), fields=arrays.fields, sent=arrays.counts)
     if schema.dense_bounds is not None:
         dense = schema.dense_bounds.apply(dense)
-    return InferenceRequest(dense, kjt, arrays.request_id)
+    return InferenceRequest(dense, kjt if order is None else kjt.permute(order), arrays.request_id)
 
 
 def admit_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceRequest:
@@ -116,23 +105,22 @@ def admit_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         or (arrays.weights is not None and arrays.weights.numel() != values.numel())
     ):
         return check_request(arrays, schema)
-    weights = arrays.weights
-    if order is not None:
-        splits, index = per_key.tolist(), torch.tensor(order)
-        values = torch.cat([torch.split(values, splits)[i] for i in order])
-        if weights is not None:
-            weights = torch.cat([torch.split(weights, splits)[i] for i in order])
-        lengths, per_key = lengths.view(len(order), b)[index].reshape(-1), per_key[index]
-    kjt = KeyedJaggedTensor(
-        keys=schema.feature_names,
-        values=values,
-        weights=weights,
-        lengths=lengths,
-        stride=b,
-        length_per_key=per_key.tolist(),
+    kjt = _kjt(arrays, per_key.tolist())
+    kjt = kjt if order is None else kjt.permute(order)
+    return InferenceRequest(dense, kjt, arrays.request_id, lambda: check_request(arrays, schema))
+
+
+def _kjt(arrays: FeatureArrays, length_per_key: list[int] | None = None) -> KeyedJaggedTensor:
+    """The request's features as sent (its key order; nothing checked)."""
+    return KeyedJaggedTensor(
+        keys=arrays.keys,
+        values=arrays.values,
+        weights=arrays.weights,
+        lengths=arrays.lengths,
+        stride=arrays.batch_size,
+        length_per_key=length_per_key,
         validate=False,
     )
-    return InferenceRequest(dense, kjt, arrays.request_id, lambda: check_request(arrays, schema))
 
 
 def _wire_rules(

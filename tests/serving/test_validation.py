@@ -70,3 +70,16 @@ def test_checked_with_its_batch_is_checked_as_alone(runner, data, what, int64_le
     torch.testing.assert_close(beside, good_alone, rtol=1e-5, atol=1e-6)
     if what is None:
         assert not isinstance(alone, Exception)
+
+
+def test_keys_in_another_order_are_scored_as_in_the_model_order(runner):
+    dense, kjt = random_batch(3, seed=11)
+    keys = list(reversed(kjt.keys()))
+    reordered = kjt.permute([kjt.keys().index(k) for k in keys])
+    arrays = FeatureArrays(3, dense.reshape(-1), keys, reordered.lengths(), reordered.values())
+    in_order = FeatureArrays(3, dense.reshape(-1), kjt.keys(), kjt.lengths(), kjt.values())
+    expected = runner._predict_batch([check_request(in_order, runner.schema)], record=False)[0]
+    for item in (admit_request(arrays, runner.schema), check_request(arrays, runner.schema)):
+        assert item.kjt.keys() == runner.schema.feature_names
+        (got,) = runner._predict_batch([item], record=False)
+        torch.testing.assert_close(got, expected)
