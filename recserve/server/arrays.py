@@ -15,9 +15,16 @@ from torch import Tensor
 from recserve.errors import InvalidRequestError
 from recserve.runtime.validation import RequestFields
 
-# How errors name the fields of a recserve.v1 request (the OIP's: recserve.server.oip).
+# How errors name the fields of a request: recserve.v1's, and the Open Inference Protocol's (by input).
 V1_FIELDS = RequestFields(
     keys="sparse.keys", lengths="sparse.lengths", values="sparse.values", weights="sparse.weights"
+)
+OIP_FIELDS = RequestFields(
+    dense="inputs['dense']",
+    keys="inputs",
+    lengths="inputs['{f}.lengths']",
+    values="inputs['{f}.values']",
+    weights="inputs['{f}.weights']",
 )
 # wire dtype -> (little-endian numpy dtype, torch dtype)
 WIRE_DTYPES = {

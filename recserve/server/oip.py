@@ -23,9 +23,8 @@ from torch import Tensor
 
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
-from recserve.runtime.validation import RequestFields
 from recserve.server.admin import AUTH_METADATA_KEY
-from recserve.server.arrays import FeatureArrays, encode_raw
+from recserve.server.arrays import OIP_FIELDS, FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
 from recserve.server.parts import OipLayout, RequestParts
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
@@ -59,14 +58,6 @@ _UNSUPPORTED = {
     "shared_memory_offset": _SHARED_MEMORY,
     "classification": "classification outputs are not supported; request 'scores' without it",
 }
-# How errors name the fields of an OIP request: by its inputs.
-OIP_FIELDS = RequestFields(
-    dense="inputs['dense']",
-    keys="inputs",
-    lengths="inputs['{f}.lengths']",
-    values="inputs['{f}.values']",
-    weights="inputs['{f}.weights']",
-)
 _ACCEPTED = {
     "dense": ("FP32",),
     "lengths": ("INT32", "INT64"),
