@@ -1,19 +1,20 @@
 """Coverage-guided fuzzing (atheris / libFuzzer) of the server's request path, minus the transports.
 
-Each input is one selector byte and a request's bytes, which go where they go in the server:
+The server is the one ``recserve serve`` assembles (:class:`RecServer` of a :class:`ServeConfig`, never
+started: nothing binds). Each input is one selector byte and a request's bytes, which go where they go in it:
 - recserve.v1 ``PredictRequest`` / OIP ``ModelInferRequest`` bytes: our deserialiser (``handlers``), the
   decoder (``codec`` or ``oip``), ``check_request``;
 - a REST infer body (JSON, or JSON + binary tensors when the selector's high bit says so): ``rest_codec``,
   then the OIP decoder and ``check_request``;
-- Triton's repository load / unload (OIP bytes, or a REST JSON body): the control plane, which on the data
-  port (``--model-control none``, the default) must refuse every one of them, whatever it says.
-A request that passes the checks is scored as the server scores a batch (``ModelRunner``, the FBGEMM kernels
-the crash of issue 17 was in, and the refusal of scores that are not finite). A gRPC request the server
-queues as parts (checked over its merged batch, issue 37) is also scored merged with a valid request: it must
-get what it got alone (the same scores or the same error), and the valid one its own scores. Only the
-refusals the server maps to a client error (``InvalidRequestError``; ``PermissionDeniedError`` for control
-calls) may leave our code; any other exception, or a crash in a kernel, stops the run and libFuzzer saves
-the input under --artifacts.
+- Triton's repository load / unload (OIP bytes, or a REST JSON body): the server's repository, which on the
+  data port (``--model-control none``, the default) must refuse every one of them, whatever it says.
+A request that passes the checks alone is scored as the server scores a batch (the runner's ``scorer``, the
+FBGEMM kernels the crash of issue 17 was in, and the refusal of scores that are not finite). Each request is
+also queued as the server queues it (parts, or past the wire's rules) and scored with a valid request, its
+data checked with the batch: it must get what it got alone (the same scores, to float rounding, or the same
+error), and the valid one its own scores. Only the refusals the server maps to a client error
+(``InvalidRequestError``; ``PermissionDeniedError`` for control calls) may leave our code; any other
+exception, or a crash in a kernel, stops the run and libFuzzer saves the input under --artifacts.
 
     python scripts/fuzz_server.py --seconds 600          # a longer run (CI runs 20 s: tests/serving)
     python scripts/fuzz_server.py --artifacts DIR crash-<sha>   # replay a saved input
@@ -38,23 +39,18 @@ from google.protobuf.descriptor import FieldDescriptor
 
 with atheris.instrument_imports(include=["recserve.server"]):
     from recserve.errors import InvalidRequestError, PermissionDeniedError
-    from recserve.server.batcher import BatcherConfig
+    from recserve.server.app import RecServer
     from recserve.server.codec import decode_predict_request, encode_predict_request
-    from recserve.server.core import InferenceCore
+    from recserve.server.config import ServeConfig
     from recserve.server.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
-    from recserve.server.metrics import ServerMetrics
     from recserve.server.oip import decode_batchable, decode_infer_request
     from recserve.server.parts import RequestParts
     from recserve.server.protos import oip_pb2, pb2
-    from recserve.server.reload import Reloader
     from recserve.server.rest_codec import infer_request, split_body
-    from recserve.server.runner import ModelRunner
     from recserve.server.servicer import decode_batchable as decode_v1_batchable
-    from recserve.server.triton_ext import Repository
-    from recserve.server.validation import check_request
+    from recserve.server.validation import admit_request, check_request
 
 from recserve.export import export_package  # noqa: E402
-from recserve.runtime import Predictor  # noqa: E402
 from rectrain import EmbeddingBagConfig  # noqa: E402
 from rectrain.models import build_model  # noqa: E402
 from rectrain.models.config import ModelConfig  # noqa: E402
@@ -237,28 +233,21 @@ class Target:
     """One fuzz input through the server's request path."""
 
     def __init__(self, package: Path) -> None:
-        self.runner = ModelRunner(
-            Predictor.load(package), BatcherConfig(max_batch_size=64), package_dir=package
-        )
-        self.schema = self.runner.schema
+        cfg = ServeConfig(package=package, port=0, metrics_port=None, admin_port=None, max_batch_size=64)
+        server = RecServer(cfg)  # as `recserve serve` builds it; never started
+        self.runner, self.repository = server.core.current, server.repository
+        self.schema, self.score = self.runner.schema, self.runner.scorer
         valid = encode_predict_request(*_valid_batch()).SerializeToString()
         self.good = decode_v1_batchable(pb2.PredictRequest.FromString(valid), self.schema)
-        (self.good_scores,) = self.runner._predict_batch([self.good], record=False)
-        core = InferenceCore(self.runner)
-        reloader = Reloader(core, lambda _: self.runner, ServerMetrics())
-        # The data port's repository as `recserve serve` builds it by default (--model-control none).
-        self.repository = Repository(core, reloader, package.parent, polling=False)
+        (self.good_scores,), _ = self.score([self.good])
         log = DecodeFailureLog(interval_s=3600.0)
-        self.parse = {
-            PREDICT: method_handlers(pb2, "Predictor", _NoServicer(), log)["Predict"].request_deserializer,
-            INFER: method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)[
-                "ModelInfer"
-            ].request_deserializer,
-        }
-        control = method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)
+        predictor = method_handlers(pb2, "Predictor", _NoServicer(), log)
+        oip = method_handlers(oip_pb2, "GRPCInferenceService", _NoServicer(), log)
+        self.parse = {PREDICT: predictor["Predict"].request_deserializer}
+        self.parse[INFER] = oip["ModelInfer"].request_deserializer
         self.control = [
-            (control["RepositoryModelLoad"].request_deserializer, self.repository.load),
-            (control["RepositoryModelUnload"].request_deserializer, self.repository.unload),
+            (oip["RepositoryModelLoad"].request_deserializer, self.repository.load),
+            (oip["RepositoryModelUnload"].request_deserializer, self.repository.unload),
         ]
 
     def __call__(self, data: bytes) -> None:
@@ -269,62 +258,63 @@ class Target:
             self._control(kind, data[0] // KINDS % 2, payload)
             return
         try:
-            arrays = self._decode(kind, data[0] & BINARY, payload)
-            if arrays is None:
-                return
+            request = self._message(kind, data[0] & BINARY, payload)
+        except InvalidRequestError:
+            return  # refused before it names a model's input (JSON, the binary layout)
+        if request is None:
+            return  # the server answers INVALID_ARGUMENT (tests/serving/test_input_hardening.py)
+        try:
+            if kind == PREDICT:
+                arrays = decode_predict_request(request)
+            else:
+                arrays = decode_infer_request(request, self.schema)
             checked = check_request(arrays, self.schema)
         except InvalidRequestError as error:
-            self._same_in_a_batch(kind, payload, error)
+            self._same_in_a_batch(kind, request, error)
             return
-        (scores,) = self.runner._predict_batch([checked], record=False)
-        self._same_in_a_batch(kind, payload, scores)
+        (scores,), _ = self.score([checked])
+        self._same_in_a_batch(kind, request, scores)
         if isinstance(scores, InvalidRequestError):
             return  # not finite: the server refuses the request (recserve_nonfinite_scores_total)
         if scores.shape != (checked.batch_size,) or not bool(torch.isfinite(scores).all()):
             raise AssertionError(f"scores {scores} for a checked batch of {checked.batch_size}")
 
-    def _same_in_a_batch(self, kind: int, payload: bytes, alone) -> None:
-        """A gRPC request the server queues as parts (checked over its batch, issue 37), merged with a valid
-        one: it gets what the exact path gave it alone (the same scores, or the same error), and the valid
-        request its own scores."""
-        if kind not in (PREDICT, INFER):
-            return
-        request = self.parse[kind](payload)
-        if isinstance(request, UndecodableRequest):
-            return
+    def _same_in_a_batch(self, kind: int, request, alone) -> None:
+        """The request queued as the server queues it (parts, or past the wire's rules; its data checked
+        with its batch), batched with a valid one: it gets what it got checked alone (the same scores, or the
+        same error), and the valid request its own scores. Scores may differ by float rounding: a batch of
+        another size can take another GEMM kernel; a request's ids read as another's would differ far more."""
         try:
             if kind == PREDICT:
-                parts = decode_v1_batchable(request, self.schema)
+                item = decode_v1_batchable(request, self.schema)
             else:
-                parts = decode_batchable(request, self.schema, self.runner.oip_layout)
-        except InvalidRequestError as error:  # request parameters or outputs: the exact path's refusal
+                item = decode_batchable(request, self.schema, self.runner.oip_layout)
+            if not isinstance(item, RequestParts):
+                item = admit_request(item, self.schema)
+        except InvalidRequestError as error:  # a rule of the wire: refused on arrival, as alone
             if str(error) != str(alone):
-                raise AssertionError(f"refused as {error!r} in a batch, as {alone!r} alone") from None
+                raise AssertionError(f"refused as {error!r} on arrival, as {alone!r} alone") from None
             return
-        if not isinstance(parts, RequestParts):
-            return  # the server checks it on arrival, by the exact path
-        good, got = self.runner._predict_batch([self.good, parts], record=False)
-        if not torch.equal(good, self.good_scores):
+        (good, got), _ = self.score([self.good, item])
+        if not _close(good, self.good_scores):
             raise AssertionError("a valid request's scores changed in a batch with this one")
         if isinstance(alone, Exception) or isinstance(got, Exception):
             if type(got) is not type(alone) or str(got) != str(alone):
                 raise AssertionError(f"{got!r} in a batch, {alone!r} alone")
-        elif not torch.equal(got, alone):
+        elif not _close(got, alone):
             raise AssertionError(f"scores {got} in a batch, {alone} alone")
 
-    def _decode(self, kind: int, binary: int, payload: bytes):
+    def _message(self, kind: int, binary: int, payload: bytes):
+        """The request message of ``payload`` (a REST body as the OIP message it becomes), or None when the
+        server could not parse it."""
         if kind == REST_INFER:
             header = None
             if binary:
                 header, payload = str(int.from_bytes(payload[:4], "little")), payload[4:]
             doc, tail = split_body(payload, header)
-            return decode_infer_request(infer_request(doc, tail, "fuzz", ""), self.schema)
+            return infer_request(doc, tail, "fuzz", "")
         request = self.parse[kind](payload)
-        if isinstance(request, UndecodableRequest):
-            return None  # the server answers INVALID_ARGUMENT (tests/serving/test_input_hardening.py)
-        return (
-            decode_predict_request(request) if kind == PREDICT else decode_infer_request(request, self.schema)
-        )
+        return None if isinstance(request, UndecodableRequest) else request
 
     def _control(self, kind: int, which: int, payload: bytes) -> None:
         """A load or unload on the data port: refused, whatever it asks; only a malformed REST body may be
@@ -347,6 +337,10 @@ class Target:
         except PermissionDeniedError:
             return
         raise AssertionError("a repository call on the data port was not refused")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
 
 
 def main(argv: list[str]) -> None:

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from recserve.errors import InvalidRequestError
-from recserve.server.arrays import FeatureArrays
+from recserve.server.arrays import OIP_FIELDS, FeatureArrays
 from recserve.server.parts import RequestParts
 from recserve.server.scoring import BatchItem, BatchScorer
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.validation import ModelSchema, admit_request, check_request
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,8 @@ class TritonPythonModel:
                 lengths=torch.from_numpy(np.concatenate(lengths).astype(np.int64)),
                 values=torch.from_numpy(np.concatenate(values).astype(np.int64)),
                 request_id=request_id,
+                counts=[int(x.size) for x in values],
+                fields=OIP_FIELDS,
             )
 
         if any(w is not None for w in weights):
@@ -157,4 +159,4 @@ def _weighted(arrays: FeatureArrays, weights: list, schema: ModelSchema) -> Batc
         raise InvalidRequestError(f"inputs[{name!r}]: give weights for every feature or for none")
     rows = [_one_request(f"{f}.weights", w, 2) for f, w in zip(schema.feature_names, weights)]
     arrays.weights = torch.from_numpy(np.concatenate(rows).astype(np.float32))
-    return check_request(arrays, schema)
+    return admit_request(arrays, schema)  # its data is checked with its batch, as in `recserve serve`

@@ -13,7 +13,19 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
+from recserve.runtime.validation import RequestFields
 
+# How errors name the fields of a request: recserve.v1's, and the Open Inference Protocol's (by input).
+V1_FIELDS = RequestFields(
+    keys="sparse.keys", lengths="sparse.lengths", values="sparse.values", weights="sparse.weights"
+)
+OIP_FIELDS = RequestFields(
+    dense="inputs['dense']",
+    keys="inputs",
+    lengths="inputs['{f}.lengths']",
+    values="inputs['{f}.values']",
+    weights="inputs['{f}.weights']",
+)
 # wire dtype -> (little-endian numpy dtype, torch dtype)
 WIRE_DTYPES = {
     "int32": ("<i4", torch.int32),
@@ -64,3 +76,5 @@ class FeatureArrays:
     values: Tensor
     weights: Tensor | None = None
     request_id: str = ""
+    counts: list[int] | None = None  # ids sent per key, where the wire sends each key's apart (OIP)
+    fields: RequestFields = V1_FIELDS  # how errors name the request's fields

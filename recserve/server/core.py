@@ -24,7 +24,7 @@ from recserve.errors import DeadlineExceededError, ModelNotFoundError, Unavailab
 from recserve.server.arrays import FeatureArrays
 from recserve.server.parts import RequestParts
 from recserve.server.runner import BatchItem, ModelRunner
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.validation import ModelSchema, admit_request
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,8 @@ class InferenceCore:
 
 
 def _checked(arrays: FeatureArrays | RequestParts, schema: ModelSchema) -> BatchItem:
-    """What the runner of ``schema`` queues: parts cut for it as they are, anything else checked now."""
+    """What the runner of ``schema`` queues: parts cut for it as they are (parts cut for another schema are
+    checked now), anything else past the wire rules; the data is checked with the batch."""
     if isinstance(arrays, RequestParts):
         return arrays if arrays.schema is schema else arrays.checked(schema)
-    return check_request(arrays, schema)
+    return admit_request(arrays, schema)

@@ -3,10 +3,11 @@
 For B examples of R requests and F features, the checks are a handful of numpy passes over the merged
 arrays instead of R calls of a dozen tensor ops each; the merge itself is one join of the requests' wire
 bytes per array (the KJT's key-major order takes every request's rows of a feature one after another).
-Ids inside their tables are checked by the predictor, which checks every batch it is given (its memory
-safety); here the rest: lengths per request and feature sum to that feature's ids, dense values finite
-and within the package's bounds. When the batch check fails, every request is checked alone by its exact
-path, so the ones at fault get the error naming their field and the others are scored.
+The data is checked by the predictor, which checks every batch it is given
+(:mod:`recserve.runtime.validation`); here only what the merge itself rests on: each request's lengths of a
+feature sum to the ids it sent for it, so that no request's ids are read as another's. When a check fails,
+every request is checked alone by its exact path, so the ones at fault get the error naming their field and
+the others are scored.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ def merge_parts(parts: list[RequestParts], schema: ModelSchema) -> tuple[Tensor,
     sizes = [p.batch_size for p in parts]
     total = sum(sizes)
     dense = _joined([p.dense for p in parts], [_FP32] * len(parts), _FP32).reshape(total, width)
-    if not np.isfinite(dense).all():
-        raise MergeRefused("dense")
     # [F, B]: feature f's lengths of every request, one request after another.
     lengths = _joined(
         [p.lengths[f] for f in range(num_keys) for p in parts],
@@ -45,12 +44,6 @@ def merge_parts(parts: list[RequestParts], schema: ModelSchema) -> tuple[Tensor,
     values = _joined(
         _value_segments(parts, counts), [p.values_dtype for _ in range(num_keys) for p in parts], _INT64
     )
-    dense_t = torch.from_numpy(dense)
-    if schema.dense_bounds is not None:
-        try:
-            dense_t = schema.dense_bounds.apply(dense_t)
-        except InvalidRequestError:
-            raise MergeRefused("dense bounds") from None
     kjt = KeyedJaggedTensor(
         keys=schema.feature_names,
         values=torch.from_numpy(values),
@@ -59,7 +52,7 @@ def merge_parts(parts: list[RequestParts], schema: ModelSchema) -> tuple[Tensor,
         length_per_key=counts.sum(axis=1).tolist(),
         validate=False,
     )
-    return dense_t, kjt
+    return torch.from_numpy(dense), kjt
 
 
 def _joined(segments: list[Buffer], dtypes: list[np.dtype], out: np.dtype) -> np.ndarray:
@@ -101,14 +94,14 @@ def _value_segments(parts: list[RequestParts], counts: np.ndarray) -> list[Buffe
 
 
 def check_each(items: list[RequestParts | InferenceRequest]) -> list[InferenceRequest | Exception]:
-    """Each item checked alone (parts by their exact path): the checked request, or the error it gets."""
+    """Each item checked alone by its exact path: the checked request, or the error it gets."""
     out: list[InferenceRequest | Exception] = []
     for item in items:
-        if isinstance(item, InferenceRequest):
+        if isinstance(item, InferenceRequest) and item.recheck is None:
             out.append(item)
             continue
         try:
-            out.append(item.checked())
+            out.append(item.checked() if isinstance(item, RequestParts) else item.recheck())
         except InvalidRequestError as error:
             out.append(error)
     return out

@@ -24,13 +24,13 @@ from torch import Tensor
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
 from recserve.server.admin import AUTH_METADATA_KEY
-from recserve.server.arrays import FeatureArrays, encode_raw
+from recserve.server.arrays import OIP_FIELDS, FeatureArrays, encode_raw
 from recserve.server.core import InferenceCore
 from recserve.server.parts import OipLayout, RequestParts
 from recserve.server.protos import oip_pb2, oip_pb2_grpc
 from recserve.server.servicer import request_deadline
 from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.validation import ModelSchema, check_request, check_weighted
 
 DENSE_INPUT = "dense"
 SCORES_OUTPUT = "scores"
@@ -217,10 +217,12 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
     for f in features:
         if f"{f}.values" not in tensors:
             raise InvalidRequestError(f"inputs: {f + '.lengths'!r} given without {f + '.values'!r}")
-        lengths.append(_feature_lengths(f, tensors[f"{f}.lengths"][1], batch, tensors[f"{f}.values"][1]))
+        lengths.append(_feature_lengths(f, tensors[f"{f}.lengths"][1], batch))
         values.append(tensors[f"{f}.values"][1].to(torch.int64))
         if f"{f}.weights" in tensors:
-            weights.append(_feature_weights(f, tensors[f"{f}.weights"][1], values[-1], schema))
+            weights.append(_feature_weights(f, tensors[f"{f}.weights"][1], values[-1]))
+    if weights:
+        check_weighted([f for f in features if f"{f}.weights" in tensors], schema, OIP_FIELDS)
     if weights and len(weights) != len(features):
         raise InvalidRequestError("inputs: give '<feature>.weights' for every feature or for none")
     return FeatureArrays(
@@ -231,6 +233,8 @@ def decode_infer_request(req: oip_pb2.ModelInferRequest, schema: ModelSchema) ->
         values=torch.cat(values) if values else torch.zeros(0, dtype=torch.int64),
         weights=torch.cat(weights) if weights else None,
         request_id=req.id,
+        counts=[v.numel() for v in values],
+        fields=OIP_FIELDS,
     )
 
 
@@ -245,36 +249,18 @@ def decode_batchable(
     return parts if parts is not None else decode_infer_request(req, schema)
 
 
-def _feature_lengths(feature: str, lengths: Tensor, batch: int, values: Tensor) -> Tensor:
-    """One feature's lengths as int64, each in ``[0, its value count]`` before they are summed (an INT64 sum
-    of unchecked lengths wraps: 2^62 four times is 0), then summing to exactly that count."""
-    name = f"{feature}.lengths"
+def _feature_lengths(feature: str, lengths: Tensor, batch: int) -> Tensor:
+    """One feature's lengths, one per example (their values are checked with the others')."""
     if lengths.numel() != batch:
+        name = f"{feature}.lengths"
         raise InvalidRequestError(f"inputs[{name!r}]: {lengths.numel()} entries for {batch} examples")
-    lengths = lengths.to(torch.int64)
-    n = values.numel()
-    if batch:
-        smallest, largest = (int(x) for x in torch.aminmax(lengths))
-        if smallest < 0 or largest > n:
-            example = int(((lengths < 0) | (lengths > n)).nonzero()[0])
-            raise InvalidRequestError(
-                f"inputs[{name!r}]: length {int(lengths[example])} at example {example} is outside [0, {n}] "
-                f"({n} values sent in {feature + '.values'!r})"
-            )
-    total = int(lengths.sum())
-    if total != n:
-        raise InvalidRequestError(f"inputs[{feature + '.values'!r}]: {n} values, but {name!r} sum to {total}")
-    return lengths
+    return lengths.to(torch.int64)
 
 
-def _feature_weights(feature: str, weights: Tensor, values: Tensor, schema: ModelSchema) -> Tensor:
-    name = f"{feature}.weights"
-    if feature not in schema.weighted_features:
-        raise InvalidRequestError(
-            f"inputs[{name!r}]: feature {feature!r} is not weighted in model {schema.model_name!r}; "
-            "send no weights for it"
-        )
+def _feature_weights(feature: str, weights: Tensor, values: Tensor) -> Tensor:
+    """One feature's weights, one per id it sent (checked here: the wire sends each feature's apart)."""
     if weights.numel() != values.numel():
+        name = f"{feature}.weights"
         raise InvalidRequestError(f"inputs[{name!r}]: {weights.numel()} weights for {values.numel()} values")
     return weights
 

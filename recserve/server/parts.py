@@ -3,10 +3,10 @@
 The usual request (raw tensors, features the model reads, no weights) is decoded in the handler without a
 copy or an array op: its dense rows and each feature's lengths and ids stay the message's bytes, and only
 sizes and datatypes are compared, in Python. The batch joins every request's bytes of an array in one call
-and reads the result as one array. Everything that needs the data (lengths
+and reads the result as one array (:mod:`recserve.server.merge`). Everything that needs the data (lengths
 within bounds and summing to each feature's ids, ids inside their tables, dense values finite and within
-the package's bounds) is checked once per batch, vectorised over the merged arrays
-(:mod:`recserve.server.merge`): per request it cost as much as the predict. A request the batch check
+the package's bounds) is checked once per batch, over the merged arrays, by the predictor's own checks
+(:mod:`recserve.runtime.validation`): per request it cost as much as the predict. A request the batch check
 refuses is checked again on its own, by the exact path (``fallback``) that names the field.
 """
 

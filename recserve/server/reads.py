@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 FAST_READ_SECONDS = 0.02
 _TICK_SECONDS = 0.01
 MIN_FAST_READS = 8
-# The attribute of a handler behaviour that carries its call's outcome (recserve.server.status._Outcome).
+# The attribute of a handler behaviour that carries its call's outcome (recserve.server.status.Outcome).
 OUTCOME_ATTRIBUTE = "recserve_outcome"
 
 

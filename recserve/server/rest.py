@@ -4,10 +4,11 @@ aiohttp serves it from one event loop in a thread of its own. A request is decod
 binary-tensor extension, into the OIP gRPC message that :func:`oip.decode_infer_request` checks exactly as for
 gRPC), queued on the shared dynamic batcher, and awaited without holding a thread. Every request is admitted
 through the worker's shared in-flight limit (health probes excepted) and counted in
-``recserve_requests_total{method="rest/<Call>",code}`` with the gRPC code it maps to, so one error-rate alert
-covers both transports. Errors answer ``{"error": "<message naming the field>"}`` with the HTTP status of
-:data:`HTTP_STATUS` (Google's gRPC → HTTP mapping: 400 bad input, 404 unknown model, 429 overloaded, 503
-unavailable, 504 deadline).
+``recserve_requests_total{method="rest/<Call>",code}`` with the gRPC code it maps to, by the same
+:class:`~recserve.server.status.Outcome` as a gRPC call, so one error-rate alert covers both transports.
+Errors answer ``{"error": "<message naming the field>"}`` with the HTTP status of
+:data:`~recserve.server.status.HTTP_STATUS` (Google's gRPC → HTTP mapping: 400 bad input, 404 unknown model,
+429 overloaded, 503 unavailable, 504 deadline).
 
 A request's body is read by :func:`rest_body.read_body` under the worker's :class:`MemoryBudget` (aiohttp's
 own inflation is off), within ``--http-read-timeout`` (408 after), and only then does the request take an
@@ -59,24 +60,11 @@ from recserve.server.rest_codec import (
     wants_binary,
 )
 from recserve.server.rest_connections import ConnectionPool, Refused, Tracked
-from recserve.server.status import status_code_for
+from recserve.server.status import HTTP_STATUS, Outcome
 from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 
 logger = logging.getLogger(__name__)
 
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.INTERNAL: 500,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
 _EXEMPT = frozenset({"ServerLive", "ServerReady"})  # probes answer under overload
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
@@ -152,32 +140,28 @@ class RestApi:
 
     @web.middleware
     async def _outcome(self, request: web.Request, handler: Callable[[web.Request], Awaitable]):
-        """Body under the budget, admission, recserve error → HTTP status, one count + latency per request."""
-        start = time.perf_counter()
+        """Body under the budget, then the request's :class:`Outcome`: admission, error → status, one count
+        and latency per request, as for a gRPC call."""
         route = request.match_info.route.name
-        method = f"rest/{(route or 'unknown').split('.')[0]}"
-        code, admitted = grpc.StatusCode.OK, False
+        outcome = Outcome(self._metrics, f"rest/{(route or 'unknown').split('.')[0]}", self._admission)
+        code = grpc.StatusCode.OK
         reservation = request[_RESERVATION] = self.budget.reserve()
         try:
             if route is None:
                 code, response = _unrouted(request)
                 return response
             if route not in _EXEMPT:
-                refused = await self._receive(request)
-                if refused is not None:
-                    code, response = refused
+                late = await self._receive(request)
+                if late is not None:
+                    code, response = late
                     return response
-                admitted = True
-            self._metrics.inflight.inc()
-            try:
-                return await handler(request)
-            finally:
-                self._metrics.inflight.dec()
+                outcome.admit()
+            return await handler(request)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED  # the client went away
             raise
         except Exception as exc:
-            code, response = _failure(exc, request)
+            code, response = _failure(exc, outcome)
             # The failed frames' locals may hold a body (and, raised through wait_for's task, sit in a
             # reference cycle until the garbage collector runs): drop them now, as the budget assumes.
             traceback.clear_frames(exc.__traceback__)
@@ -185,30 +169,22 @@ class RestApi:
         finally:
             request.pop(_BODY, None)  # a refused request's body goes with its reservation
             reservation.release()
-            if admitted:
-                self._admission.release()
-            self._metrics.requests.labels(method, code.name).inc()
-            self._metrics.request_latency.labels(method).observe(time.perf_counter() - start)
+            outcome.finish(code)
 
     async def _receive(self, request: web.Request) -> tuple[grpc.StatusCode, web.Response] | None:
-        """Reads the body (kept as ``request[_BODY]``), then takes an in-flight slot; the refusal if not."""
-        if request.body_exists:
-            read = read_body(request, request[_RESERVATION], self._max_body_bytes)
-            try:
-                request[_BODY] = await asyncio.wait_for(read, self._read_timeout_s)
-            except asyncio.TimeoutError:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                message = f"request body: not received within {self._read_timeout_s:g} s"
-                response = _error(code, message, status=408)
-                response.force_close()  # the rest of the body may still be on its way
-                return code, response
-        else:
-            request[_BODY] = b""
-        if not self._admission.try_acquire():
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED
-            limit = self._admission.limit
-            message = f"server overloaded: {limit} requests in flight (--max-inflight); retry with backoff"
-            return code, _error(code, message)
+        """Reads the body (kept as ``request[_BODY]``); 408 if it is late."""
+        request[_BODY] = b""
+        if not request.body_exists:
+            return None
+        read = read_body(request, request[_RESERVATION], self._max_body_bytes)
+        try:
+            request[_BODY] = await asyncio.wait_for(read, self._read_timeout_s)
+        except asyncio.TimeoutError:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            message = f"request body: not received within {self._read_timeout_s:g} s"
+            response = _error(code, message, status=408)
+            response.force_close()  # the rest of the body may still be on its way
+            return code, response
         return None
 
     async def live(self, request: web.Request) -> web.Response:
@@ -332,7 +308,7 @@ def _error(
     return web.json_response({"error": message}, status=status or HTTP_STATUS.get(code, 500), headers=headers)
 
 
-def _failure(exc: Exception, request: web.Request) -> tuple[grpc.StatusCode, web.Response]:
+def _failure(exc: Exception, outcome: Outcome) -> tuple[grpc.StatusCode, web.Response]:
     """The code and the answer for an exception a request raised."""
     if isinstance(exc, BodyTooLarge):
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -345,9 +321,7 @@ def _failure(exc: Exception, request: web.Request) -> tuple[grpc.StatusCode, web
         return code, _error(code, exc.reason, status=exc.status)
     if isinstance(exc, ConnectionError):  # the client went away while sending its body: nobody to answer
         return grpc.StatusCode.CANCELLED, web.Response(status=499)
-    code = status_code_for(exc)
-    if code is grpc.StatusCode.INTERNAL:
-        logger.error("%s %s failed", request.method, request.path, exc_info=exc)
+    code = outcome.failed(exc)
     return code, _error(code, str(exc) or type(exc).__name__)
 
 

@@ -81,7 +81,7 @@ class ModelRunner:
 
     def warmup(self, batch_size: int = 8) -> None:
         """Checks and scores one request of id 0, so that a swapped-in model answers its first request at
-        full speed (the request checks' TorchScript compiles here)."""
+        full speed."""
         s = self.schema
         batch_size = min(batch_size, s.max_batch_size)
         num_keys = len(s.feature_names)

@@ -2,9 +2,10 @@
 
 The batch function of the server's batcher (:class:`recserve.server.runner.ModelRunner`) and of the Triton
 Python backend that ``recserve export --triton-repository`` writes (:mod:`recserve.export.triton_backend`),
-so both serve a package with the same checks and the same merge. Requests queued as parts (the usual form,
-:mod:`recserve.server.parts`) are merged and checked over the whole batch (:mod:`recserve.server.merge`);
-when that check refuses, each request is checked alone and only those at fault fail. Scores that come out
+so both serve a package with the same checks and the same merge. Requests are merged (as parts, the usual
+form, :mod:`recserve.server.parts` and :mod:`recserve.server.merge`; else as requests past the wire rules)
+and the predictor checks the whole batch; when a check refuses, each request is checked alone and only those
+at fault fail. Scores that come out
 NaN or infinite refuse their request; the others of the batch get theirs.
 """
 
@@ -97,29 +98,37 @@ class BatchScorer:
     def __call__(self, items: list[BatchItem]) -> tuple[list[Tensor | Exception], BatchTimes | None]:
         t0 = time.perf_counter()
         checked: list[InferenceRequest | Exception] | None = None
-        scores = None
-        if all(isinstance(i, RequestParts) for i in items):
-            try:
-                dense, kjt = merge_parts(items, self.schema)  # type: ignore[arg-type]
-                t1 = time.perf_counter()
-                # The merged batch is checked but for its ids, which the predictor checks in any case.
-                scores = self.predictor.predict(dense, kjt, checked=True).reshape(-1)
-            except (MergeRefused, InvalidRequestError):
-                scores = None  # some request is at fault: each is checked alone, below
-        if scores is None:
+        try:
+            dense, kjt = self._merged(items)
+            t1 = time.perf_counter()
+            # The predictor checks the merged batch's data (finiteness too): each check once per batch.
+            scores = self.predictor.predict(dense, kjt).reshape(-1)
+        except (MergeRefused, InvalidRequestError):  # some request is at fault: each is checked alone
             checked = check_each(items)
             good = [c for c in checked if isinstance(c, InferenceRequest)]
             if not good:
                 return list(checked), None  # type: ignore[arg-type]  # every one an error
             dense, kjt = merge_requests(good)
             t1 = time.perf_counter()
-            # Every request was checked alone, so the merged batch is not checked again.
+            # Every request was checked alone; the predictor checks only what memory safety rests on.
             scores = self.predictor.predict(dense, kjt, checked=True).reshape(-1)
         t2 = time.perf_counter()
         if scores.numel() != dense.shape[0]:
             raise RuntimeError(f"predictor returned {scores.numel()} scores for a batch of {dense.shape[0]}")
         out = self._split(scores, items, checked)
         return out, BatchTimes(int(dense.shape[0]), t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+    def _merged(self, items: list[BatchItem]) -> tuple[Tensor, KeyedJaggedTensor]:
+        """One batch of ``items`` (all parts, or all requests), dense within the package's bounds."""
+        if all(isinstance(i, RequestParts) for i in items):
+            dense, kjt = merge_parts(items, self.schema)  # type: ignore[arg-type]
+        elif all(isinstance(i, InferenceRequest) for i in items):
+            dense, kjt = merge_requests(items)  # type: ignore[arg-type]
+        else:
+            raise MergeRefused("parts and requests")  # rare (a reload's race): checked one by one
+        if self.schema.dense_bounds is not None:
+            dense = self.schema.dense_bounds.apply(dense)
+        return dense, kjt
 
     def _split(
         self, scores: Tensor, items: list[BatchItem], checked: list[InferenceRequest | Exception] | None

@@ -1,4 +1,9 @@
-"""The one place that maps recserve's exceptions to gRPC status codes, admits RPCs, and counts every outcome.
+"""The one place that maps recserve's exceptions to status codes, admits requests, and counts every outcome.
+
+:class:`Outcome` is one request's record for either transport: it takes the request's in-flight slot, maps
+the error it ended with to a gRPC code (and :data:`HTTP_STATUS` that to an HTTP status), and counts it once.
+The gRPC interceptor below and the REST middleware (:mod:`recserve.server.rest`) both end every request
+through it, so admission, the overload message and the metrics are the same on both.
 
 :class:`StatusInterceptor` wraps every handler of a server. A unary call is read as bytes: only once its
 request message has arrived (:mod:`recserve.server.reads` ends calls whose message is late) does it take an
@@ -66,6 +71,20 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (PackageError, grpc.StatusCode.FAILED_PRECONDITION),
     (RecServeError, grpc.StatusCode.INTERNAL),
 )
+# Google's gRPC -> HTTP mapping, as the REST API answers.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
 # Probes must answer under overload: these methods are never refused (spare handler threads serve them).
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
 UNKNOWN_METHOD = "unknown"
@@ -79,30 +98,56 @@ def status_code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-class _Outcome:
-    """One RPC's record: counted exactly once, by whichever of handler or finalizer gets there first.
+class Outcome:
+    """One request's record: in flight once admitted, counted exactly once (``finish``), whichever transport
+    and whichever of handler or finalizer gets there first.
 
     No lock: the finalizer runs only once gRPC holds no reference to the handler, i.e. after it returned.
     """
 
-    __slots__ = ("method", "start", "done", "arrival_thread", "_metrics")
+    __slots__ = ("method", "start", "done", "arrival_thread", "_metrics", "_admission", "_admitted")
 
-    def __init__(self, metrics: ServerMetrics, method: str) -> None:
+    def __init__(self, metrics: ServerMetrics, method: str, admission: AdmissionLimit | None = None) -> None:
         self._metrics = metrics
+        self._admission = admission
+        self._admitted = False
         self.method = method
         self.start = time.perf_counter()
         self.done = False
         self.arrival_thread = threading.get_ident()
 
+    def admit(self) -> None:
+        """Takes an in-flight slot (none to take without an admission limit), or raises OverloadedError."""
+        if self._admission is None:
+            return
+        if not self._admission.try_acquire():
+            raise OverloadedError(
+                f"server overloaded: {self._admission.limit} requests in flight (--max-inflight); "
+                "retry with backoff"
+            )
+        self._admitted = True
+        self._metrics.inflight.inc()
+
+    def failed(self, exc: BaseException) -> grpc.StatusCode:
+        """The code a request that raised ``exc`` ends with; an unexpected error is logged with its trace."""
+        code = status_code_for(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            logger.error("%s failed", self.method, exc_info=exc)
+        return code
+
     def finish(self, code: grpc.StatusCode) -> None:
+        """Frees the request's slot, counts it with ``code`` and records its latency (once)."""
         if self.done:
             return
         self.done = True
+        if self._admitted:
+            self._metrics.inflight.dec()
+            self._admission.release()
         self._metrics.requests.labels(self.method, code.name).inc()
         self._metrics.request_latency.labels(self.method).observe(time.perf_counter() - self.start)
 
 
-def _never_ran(outcome: _Outcome) -> None:
+def _never_ran(outcome: Outcome) -> None:
     refused_by_grpc = threading.get_ident() == outcome.arrival_thread
     outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED if refused_by_grpc else grpc.StatusCode.CANCELLED)
 
@@ -160,7 +205,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         if lag is not None and lag.is_probe(full_name, handler_call_details.invocation_metadata):
             return self._probe_handler  # not counted: the server's own measurement
         exempt = self._admission is None or full_name.startswith(EXEMPT_PREFIXES)
-        outcome = _Outcome(self._metrics, full_name.lstrip("/"))
+        outcome = Outcome(self._metrics, full_name.lstrip("/"), None if exempt else self._admission)
         if not exempt and lag is not None and lag.overloaded():
             refusal = (
                 f"server overloaded: new requests wait {lag.lag_s() * 1e3:.0f} ms before a handler sees them "
@@ -168,22 +213,21 @@ class StatusInterceptor(grpc.ServerInterceptor):
             )
             behavior = self._shed(outcome, refusal)  # the request stays bytes: never parsed
         else:
-            behavior = self._serve(handler, outcome, admit=not exempt)
+            behavior = self._serve(handler, outcome)
         setattr(behavior, OUTCOME_ATTRIBUTE, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
         # No deserializer: the request arrives as bytes, inflated and parsed under the budget by _serve.
         return grpc.unary_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
 
-    def _serve(self, handler: grpc.RpcMethodHandler, outcome: _Outcome, *, admit: bool):
-        m, behavior, deserialize = self._metrics, handler.unary_unary, handler.request_deserializer
+    def _serve(self, handler: grpc.RpcMethodHandler, outcome: Outcome):
+        behavior, deserialize = handler.unary_unary, handler.request_deserializer
 
         def wrapped(raw: bytes, context: grpc.ServicerContext):
             if not message_arrived():
                 context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request arrived")
-            code, message, slot, held, request = grpc.StatusCode.OK, "", False, None, None
+            code, message, held, request = grpc.StatusCode.OK, "", None, None
             try:
-                if admit:
-                    slot = self._admit()
+                outcome.admit()
                 if self._budget is not None:
                     held = self._budget.reserve(len(raw) * DECODE_FACTOR)
                 raw = inflated_message(raw, self._max_message_bytes, held)
@@ -193,15 +237,10 @@ class StatusInterceptor(grpc.ServerInterceptor):
                 raw = b""  # parsed: its bytes may go while the request is handled
                 return behavior(request, context)
             except Exception as exc:
-                code, message = status_code_for(exc), str(exc) or type(exc).__name__
-                if code is grpc.StatusCode.INTERNAL:
-                    logger.exception("%s failed", outcome.method)
+                code, message = outcome.failed(exc), str(exc) or type(exc).__name__
             finally:
                 if held is not None:
                     held.release()
-                if slot:
-                    m.inflight.dec()
-                    self._admission.release()
                 if code is grpc.StatusCode.OK and not context.is_active():
                     code = _gone_code(context)
                 outcome.finish(code)
@@ -211,15 +250,6 @@ class StatusInterceptor(grpc.ServerInterceptor):
             context.abort(code, message)
 
         return wrapped
-
-    def _admit(self) -> bool:
-        if not self._admission.try_acquire():
-            raise OverloadedError(
-                f"server overloaded: {self._admission.limit} requests in flight (--max-inflight); "
-                "retry with backoff"
-            )
-        self._metrics.inflight.inc()
-        return True
 
     @staticmethod
     def _decode(method: str, deserialize, raw: bytes):
@@ -269,7 +299,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         self._streaming[handler] = wrapped
         return wrapped
 
-    def _shed(self, outcome: _Outcome, message: str):
+    def _shed(self, outcome: Outcome, message: str):
         def refuse(request, context: grpc.ServicerContext):
             if message_arrived():
                 outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)

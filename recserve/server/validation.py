@@ -1,20 +1,30 @@
-"""Checks a decoded request against the served model and builds the tensors the predictor takes.
+"""The rules of the wire, on top of the one set of data checks (:mod:`recserve.runtime.validation`).
 
-Every failure raises :class:`InvalidRequestError` naming the wire field and the numbers involved; the server
-turns it into INVALID_ARGUMENT and goes on serving. Ids outside a table are rejected, never clamped or hashed
-(a package records no hashing, so an out-of-range id is a client bug worth surfacing).
+A request's data (dense values finite, lengths bounded and summing to the ids sent, ids inside their tables,
+weights one per id) is checked by the runtime's :class:`RequestValidator`, the one every predictor runs
+before its kernels, here with the wire's :class:`RequestFields` so that errors name the fields the client
+sent. This module adds only what the wire decides: the batch size (at least 1, at most ``max_batch_size``),
+no feature the model lacks, weights only for weighted features, a dense field of ``batch x width`` floats,
+the key order of the model, and the package's dense bounds. Ids outside a table are refused, never clamped or
+hashed (a package records no hashing, so an out-of-range id is a client bug worth surfacing).
+
+The server queues a request past the wire rules (:func:`admit_request`) and the predictor checks its data
+with its batch, once; a batch it refuses is checked request by request (:func:`check_request`), so the ones
+at fault get the error that names their field.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
 from recserve.runtime.dense_bounds import DenseBounds
-from recserve.runtime.scripted import script_or_eager
+from recserve.runtime.validation import RequestFields, RequestValidator
 from recserve.server.arrays import FeatureArrays
 from rectrain.sparse import KeyedJaggedTensor
 
@@ -47,14 +57,24 @@ class ModelSchema:
             dense_bounds=getattr(metadata, "dense_bounds", None),
         )
 
+    @cached_property
+    def validator(self) -> RequestValidator:
+        """The predictor's data checks for this model, to check one request alone."""
+        rows = dict(zip(self.feature_names, self.num_embeddings.tolist()))
+        return RequestValidator(self.dense_in_features, rows)
+
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    """A checked request: ``dense`` ``[B, W]`` float32 and a KJT whose keys are the model's, in its order."""
+    """A request past the wire rules: ``dense`` ``[B, W]`` float32 and a KJT in the model's key order.
+
+    ``recheck`` None: its data was checked too; otherwise the predictor checks it with its batch, and
+    ``recheck()`` checks it alone (raising the error that names its field) when the batch is refused."""
 
     dense: Tensor
     kjt: KeyedJaggedTensor
     request_id: str = ""
+    recheck: Callable[[], InferenceRequest] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -62,7 +82,52 @@ class InferenceRequest:
 
 
 def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceRequest:
-    """Validates ``arrays`` against ``schema``; returns tensors ready for the batcher."""
+    """``arrays`` checked alone, wire rules and data, against ``schema``; errors name ``arrays.fields``."""
+    order, dense = _wire_rules(arrays, schema, arrays.fields)
+    _, kjt = schema.validator.safe_batch(dense, _kjt(arrays), fields=arrays.fields, sent=arrays.counts)
+    if schema.dense_bounds is not None:
+        dense = schema.dense_bounds.apply(dense)
+    return InferenceRequest(dense, kjt if order is None else kjt.permute(order), arrays.request_id)
+
+
+def admit_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceRequest:
+    """``arrays`` past the wire rules, its data left to the predictor's check of its batch (``recheck``
+    checks it alone). Lengths that cannot even cut the ids into features are checked alone at once."""
+    order, dense = _wire_rules(arrays, schema, arrays.fields)
+    b, lengths, values, sent = arrays.batch_size, arrays.lengths, arrays.values, arrays.counts
+    if lengths.numel() != len(arrays.keys) * b:
+        return check_request(arrays, schema)
+    per_key = lengths.to(torch.int64).view(len(arrays.keys), b).sum(dim=1)  # may wrap: the check bounds
+    if (
+        bool((per_key < 0).any())
+        or int(per_key.sum()) != values.numel()
+        or (sent is not None and per_key.tolist() != sent)
+        or (arrays.weights is not None and arrays.weights.numel() != values.numel())
+    ):
+        return check_request(arrays, schema)
+    kjt = _kjt(arrays, per_key.tolist())
+    kjt = kjt if order is None else kjt.permute(order)
+    return InferenceRequest(dense, kjt, arrays.request_id, lambda: check_request(arrays, schema))
+
+
+def _kjt(arrays: FeatureArrays, length_per_key: list[int] | None = None) -> KeyedJaggedTensor:
+    """The request's features as sent (its key order; nothing checked)."""
+    return KeyedJaggedTensor(
+        keys=arrays.keys,
+        values=arrays.values,
+        weights=arrays.weights,
+        lengths=arrays.lengths,
+        stride=arrays.batch_size,
+        length_per_key=length_per_key,
+        validate=False,
+    )
+
+
+def _wire_rules(
+    arrays: FeatureArrays, schema: ModelSchema, fields: RequestFields
+) -> tuple[list[int] | None, Tensor]:
+    """``(the order that puts the keys in the model's, or None; dense as [B, W])`` once the wire's rules
+    hold: a batch size the server takes, the model's features only, weights where the model has them."""
     b = arrays.batch_size
     if b <= 0:
         raise InvalidRequestError(f"batch_size: must be >= 1, got {b} (empty request)")
@@ -70,173 +135,38 @@ def check_request(arrays: FeatureArrays, schema: ModelSchema) -> InferenceReques
         raise InvalidRequestError(
             f"batch_size: {b} examples exceeds the server's max_batch_size {schema.max_batch_size}; split it"
         )
-    order = _key_order(arrays.keys, schema.feature_names)
-    values, weights = arrays.values, arrays.weights
-    checked = None
-    if order is None and weights is None:
-        checked = _checked_tensors(
-            arrays.dense, arrays.lengths, values, schema.num_embeddings, b, schema.dense_in_features
-        )
-    if checked is not None:
-        dense, lengths, per_key = checked
-    else:  # keys to re-order, weights, or a check failed: this path also names what is wrong
-        dense = _check_dense(arrays.dense, b, schema.dense_in_features)
-        lengths = _check_lengths(arrays.lengths, arrays.keys, b, values.numel())
-        if weights is not None:
-            _check_weights(weights, values.numel(), arrays.keys, schema)
-        num_keys = len(arrays.keys)
-        per_key = lengths.view(num_keys, b).sum(dim=1)
-        if order is not None:
-            lengths, values, weights, per_key = _permute(
-                order, lengths.view(num_keys, b), values, weights, per_key
-            )
-        _check_ids(values, per_key, schema)
-    if schema.dense_bounds is not None:
-        dense = schema.dense_bounds.apply(dense)
-    kjt = KeyedJaggedTensor(
-        keys=schema.feature_names,
-        values=values,
-        weights=weights,
-        lengths=lengths,
-        stride=b,
-        length_per_key=per_key.tolist(),
-        validate=False,
-    )
-    return InferenceRequest(dense, kjt, arrays.request_id)
-
-
-@script_or_eager
-def _checked_tensors(
-    dense: Tensor, lengths: Tensor, values: Tensor, num_embeddings: Tensor, b: int, width: int
-) -> tuple[Tensor, Tensor, Tensor] | None:
-    """What ``check_request`` checks of an unweighted request whose keys are in the model's order, in one
-    call: ``(dense [b, width], int64 lengths, ids per key)``, or None if a check fails."""
-    if dense.numel() != b * width or lengths.numel() != num_embeddings.numel() * b:
-        return None
-    dense = dense.view(b, width)
-    if not bool(torch.isfinite(dense).all()):
-        return None
-    n = values.numel()
-    lengths = lengths.to(torch.int64)
-    if bool(((lengths < 0) | (lengths > n)).any()):  # bounded before the sum, so it cannot wrap
-        return None
-    per_key = lengths.view(num_embeddings.numel(), b).sum(dim=1)
-    if int(per_key.sum()) != n:
-        return None
-    if n > 0:
-        bound = torch.repeat_interleave(num_embeddings, per_key, output_size=n)
-        if bool(((values < 0) | (values >= bound)).any()):
-            return None
-    return dense, lengths, per_key
-
-
-def _check_lengths(lengths: Tensor, keys: list[str], b: int, num_values: int) -> Tensor:
-    """``lengths`` as int64 once each lies in ``[0, num_values]`` and together they sum to ``num_values``.
-
-    The element-wise bound comes before any sum: a sum of unbounded int64 lengths wraps modulo 2^64 (four
-    lengths of 2^62 "sum" to 0), which would let a lying request reach the kernels. Bounded, the sum cannot
-    wrap: a message holds fewer than 2^31 lengths and 2^31 values, so it stays below 2^62.
-    """
-    if lengths.numel() != len(keys) * b:
-        raise InvalidRequestError(
-            f"sparse.lengths: expected {len(keys)} keys x {b} examples = {len(keys) * b} entries, "
-            f"got {lengths.numel()}"
-        )
-    lengths = lengths.to(torch.int64)
-    if lengths.numel() == 0:
-        total = 0
-    else:
-        smallest, largest = (int(x) for x in torch.aminmax(lengths))
-        if smallest < 0 or largest > num_values:
-            pos = int(((lengths < 0) | (lengths > num_values)).nonzero()[0])
-            bad, where = int(lengths[pos]), f"(feature {keys[pos // b]!r}, example {pos % b})"
-            if bad < 0:
-                raise InvalidRequestError(f"sparse.lengths: negative length {bad} {where}")
+    keys, expected = arrays.keys, schema.feature_names
+    order = None
+    if keys != expected:
+        known = set(expected)
+        unknown = [k for k in keys if k not in known]
+        if unknown:
             raise InvalidRequestError(
-                f"sparse.lengths: length {bad} {where} is more than the {num_values} values sent"
+                f"{fields.keys}: unknown feature {unknown[0]!r} (the model's features: {expected})"
             )
-        total = int(lengths.sum())
-    if total != num_values:
-        raise InvalidRequestError(f"sparse.values: lengths sum to {total} but {num_values} values were sent")
-    return lengths
+        index = {k: i for i, k in enumerate(keys)}
+        if len(index) == len(keys) and len(index) == len(expected):
+            order = [index[k] for k in expected]
+        else:
+            schema.validator.check_keys(keys, fields)  # names the feature sent twice or missing
+    if arrays.weights is not None:
+        check_weighted(keys, schema, fields)
+    width, dense = schema.dense_in_features, arrays.dense
+    if dense.numel() != b * width:
+        raise InvalidRequestError(
+            f"{fields.dense}: expected {b} examples x {width} features = {b * width} floats, "
+            f"got {dense.numel()}"
+        )
+    return order, dense.view(b, width)
 
 
-def _check_weights(weights: Tensor, num_values: int, keys: list[str], schema: ModelSchema) -> None:
+def check_weighted(keys: list[str], schema: ModelSchema, fields: RequestFields) -> None:
+    """InvalidRequestError naming the first of ``keys`` (features sent with weights) the model does not
+    weight: weights for it would be ignored, so the client would be scored on data it did not mean."""
     unweighted = [k for k in keys if k not in schema.weighted_features]
     if unweighted:
         raise InvalidRequestError(
-            f"sparse.weights: feature {unweighted[0]!r} is not weighted in model {schema.model_name!r} "
-            f"(weighted features: {sorted(schema.weighted_features)}); send no weights"
-        )
-    if weights.numel() != num_values:
-        raise InvalidRequestError(
-            f"sparse.weights: {weights.numel()} weights for {num_values} values (one per value, or none)"
-        )
-    finite = torch.isfinite(weights)
-    if not bool(finite.all()):
-        pos = int((~finite).nonzero()[0])
-        raise InvalidRequestError(f"sparse.weights: NaN or inf at value {pos} ({weights[pos].item()})")
-
-
-def _check_dense(dense: Tensor, b: int, width: int) -> Tensor:
-    if dense.numel() != b * width:
-        raise InvalidRequestError(
-            f"dense: expected {b} examples x {width} features = {b * width} floats, got {dense.numel()}"
-        )
-    dense = dense.view(b, width)
-    finite = torch.isfinite(dense)
-    if not bool(finite.all()):
-        row, col = (~finite).nonzero()[0].tolist()
-        raise InvalidRequestError(
-            f"dense: NaN or inf at example {row}, feature {col} ({dense[row, col].item()})"
-        )
-    return dense
-
-
-def _key_order(keys: list[str], expected: list[str]) -> list[int] | None:
-    """Indices that put ``keys`` in ``expected`` order (None when already there)."""
-    if keys == expected:
-        return None
-    known = set(expected)  # once: a request may send many keys, and each is looked up
-    index = {}
-    for i, k in enumerate(keys):
-        if k in index:
-            raise InvalidRequestError(f"sparse.keys: feature {k!r} appears twice")
-        if k not in known:
-            raise InvalidRequestError(
-                f"sparse.keys: unknown feature {k!r} (the model's features: {expected})"
-            )
-        index[k] = i
-    missing = [k for k in expected if k not in index]
-    if missing:
-        raise InvalidRequestError(f"sparse.keys: missing feature {missing[0]!r} (the model needs {expected})")
-    return [index[k] for k in expected]
-
-
-def _permute(
-    order: list[int], lengths_2d: Tensor, values: Tensor, weights: Tensor | None, per_key: Tensor
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    splits = per_key.tolist()
-    value_parts = torch.split(values, splits)
-    new_values = torch.cat([value_parts[i] for i in order])
-    new_weights = None
-    if weights is not None:
-        weight_parts = torch.split(weights, splits)
-        new_weights = torch.cat([weight_parts[i] for i in order])
-    idx = torch.tensor(order)
-    return lengths_2d[idx].reshape(-1), new_values, new_weights, per_key[idx]
-
-
-def _check_ids(values: Tensor, per_key: Tensor, schema: ModelSchema) -> None:
-    if values.numel() == 0:
-        return
-    bound = torch.repeat_interleave(schema.num_embeddings, per_key)
-    bad = (values < 0) | (values >= bound)
-    if bool(bad.any()):
-        pos = int(bad.nonzero()[0])
-        key = int(torch.searchsorted(torch.cumsum(per_key, 0), pos, right=True))
-        name = schema.feature_names[key]
-        raise InvalidRequestError(
-            f"sparse.values: feature {name!r} has id {int(values[pos])} outside its table's range "
-            f"[0, {int(schema.num_embeddings[key])})"
+            f"{fields.of('weights', unweighted[0])}: feature {unweighted[0]!r} is not weighted in model "
+            f"{schema.model_name!r} (weighted features: {sorted(schema.weighted_features)}); send no "
+            "weights for it"
         )

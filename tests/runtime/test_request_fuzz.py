@@ -145,7 +145,7 @@ def _break_dense(draw, b, checked):
 FIELDS = {
     "lengths": (_break_lengths, r"sparse (lengths|offsets)"),
     "offsets": (_break_offsets, r"sparse offsets"),
-    "values": (_break_values, r"sparse (feature ids|offsets)|feature '\w+': id"),
+    "values": (_break_values, r"sparse (values|offsets)|feature '\w+' has id"),
     "weights": (_break_weights, r"sparse weights"),
 }
 
@@ -253,7 +253,11 @@ def test_issue_17_request_is_refused(criteo_like, lengths, num_values, checked, 
         validate=False,
         **jagged,
     )
-    with pytest.raises(RecServeError, match=r"sparse (lengths|offsets)\[\d+\] = -?\d+ is outside \[0, \d+\]"):
+    outside = (
+        r"sparse (lengths: (negative )?length -?\d+ \(feature '\w+', example \d+\)"
+        r"|offsets: offset -?\d+ at position \d+ is outside \[0, \d+\])"
+    )
+    with pytest.raises(RecServeError, match=outside):
         criteo_like.predict(torch.zeros(1, 13), kjt, checked=checked)
     valid = KeyedJaggedTensor(
         keys=ISSUE_FEATURES,

@@ -92,3 +92,13 @@ def test_export_cli_writes_a_repository_from_a_package(package, tmp_path):
     assert "wrote Triton model" in out
     config = (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
     assert "max_batch_size: 4" in config and "count: 2" in config
+
+
+def test_the_backend_names_the_input_at_fault_and_scores_the_others(model, package):
+    good, bad = random_batch(2, seed=4), random_batch(3, seed=5)
+    inputs = _inputs(*bad)
+    inputs["f1.values"] = np.full_like(inputs["f1.values"], 10_000)
+    scores, _ = model.scorer([model.item(_inputs(*good).get), model.item(inputs.get)])
+    assert isinstance(scores[1], InvalidRequestError)
+    assert str(scores[1]).startswith("inputs['f1.values']: feature 'f1' has id 10000 outside")
+    torch.testing.assert_close(scores[0], Predictor.load(package).predict(*good), rtol=1e-5, atol=1e-6)

@@ -1,23 +1,31 @@
-"""``check_request``'s one-call path (TorchScript) accepts exactly what its op-by-op path accepts, and returns
-the same tensors: drawn requests, valid or broken one field at a time, go through both."""
+"""A request queued past the wire rules (``admit_request``) and checked with its batch by the predictor gets
+what it gets checked alone (``check_request``): the same scores, or the same error naming its field, and the
+request beside it in the batch its own scores. Drawn requests, valid or broken one field at a time."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recserve.errors import InvalidRequestError
-from recserve.server import validation
+from recserve.runtime import Predictor
 from recserve.server.arrays import FeatureArrays
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.batcher import BatcherConfig
+from recserve.server.runner import ModelRunner
+from recserve.server.validation import admit_request, check_request
 
-from .conftest import DENSE, FEATURES, ROWS
+from .conftest import random_batch
 from .strategies import SPEC_BREAKS, Spec, break_spec, valid_specs
 
-SCHEMA = ModelSchema("m", "1", FEATURES, torch.tensor(ROWS), DENSE, frozenset(), 64)
+
+@pytest.fixture(scope="module")
+def runner(packages):
+    r = ModelRunner(Predictor.load(packages["1"]), BatcherConfig(max_batch_size=64))
+    yield r
+    r.close()
 
 
 def _arrays(spec: Spec, lengths_dtype: torch.dtype) -> FeatureArrays:
@@ -32,46 +40,46 @@ def _arrays(spec: Spec, lengths_dtype: torch.dtype) -> FeatureArrays:
     )
 
 
-def _outcome(arrays: FeatureArrays) -> tuple[str, tuple[torch.Tensor, ...]]:
-    try:
-        checked = check_request(arrays, SCHEMA)
-    except InvalidRequestError as error:
-        return str(error), ()
-    kjt = checked.kjt
-    return "ok", (checked.dense, kjt.lengths(), kjt.values(), torch.tensor(kjt.length_per_key()))
+def _good() -> FeatureArrays:
+    dense, kjt = random_batch(3, seed=7)
+    return FeatureArrays(3, dense.reshape(-1), kjt.keys(), kjt.lengths(), kjt.values())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), what=st.sampled_from([None, *SPEC_BREAKS]), int64_lengths=st.booleans())
-def test_one_call_path_agrees_with_the_op_by_op_path(data, what, int64_lengths):
+def test_checked_with_its_batch_is_checked_as_alone(runner, data, what, int64_lengths):
     spec = data.draw(valid_specs(min_batch=2))
     what, spec = break_spec(data.draw, spec, what, int64_lengths)
     arrays = _arrays(spec, torch.int64 if int64_lengths else torch.int32)
-    fast = _outcome(arrays)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(validation, "_checked_tensors", lambda *args: None)  # every request takes the slow path
-        slow = _outcome(arrays)
-    assert fast[0] == slow[0]
-    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(fast[1], slow[1], strict=True))
-    if what is None:
-        assert fast[0] == "ok"
-
-
-def test_one_call_path_runs_as_torchscript():
-    args = (torch.zeros(2, DENSE), torch.ones(6, dtype=torch.int32), torch.zeros(6, dtype=torch.int64))
-    dense, lengths, per_key = validation._checked_tensors(*args, SCHEMA.num_embeddings, 2, DENSE)
-    assert lengths.dtype == torch.int64 and per_key.tolist() == [2, 2, 2]
-    assert validation._checked_tensors(*args, SCHEMA.num_embeddings, 3, DENSE) is None  # 6 lengths != 3 x 3
-    assert isinstance(validation._checked_tensors.compiled(), torch.jit.ScriptFunction)
-
-
-@pytest.mark.parametrize("bad", ["nan_dense", "id_at_table_size", "lengths_sum_short"])
-def test_one_call_path_refuses_what_the_checks_refuse(bad):
-    dense, lengths, values = torch.zeros(2, DENSE), torch.ones(6, dtype=torch.int32), torch.zeros(6).long()
-    if bad == "nan_dense":
-        dense[1, 2] = float("nan")
-    elif bad == "id_at_table_size":
-        values[5] = ROWS[2]
+    try:
+        alone = runner._predict_batch([check_request(arrays, runner.schema)], record=False)[0]
+    except InvalidRequestError as error:
+        alone = error
+    good = _good()
+    good_alone = runner._predict_batch([check_request(good, runner.schema)], record=False)[0]
+    try:
+        items = [admit_request(arrays, runner.schema), admit_request(good, runner.schema)]
+    except InvalidRequestError as error:  # a wire rule: refused on arrival, as alone
+        assert isinstance(alone, InvalidRequestError) and str(error) == str(alone)
+        return
+    got, beside = runner._predict_batch(items, record=False)
+    if isinstance(alone, Exception):
+        assert type(got) is type(alone) and str(got) == str(alone)
     else:
-        values = values[:5]
-    assert validation._checked_tensors(dense, lengths, values, SCHEMA.num_embeddings, 2, DENSE) is None
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(beside, good_alone, rtol=1e-5, atol=1e-6)
+    if what is None:
+        assert not isinstance(alone, Exception)
+
+
+def test_keys_in_another_order_are_scored_as_in_the_model_order(runner):
+    dense, kjt = random_batch(3, seed=11)
+    keys = list(reversed(kjt.keys()))
+    reordered = kjt.permute([kjt.keys().index(k) for k in keys])
+    arrays = FeatureArrays(3, dense.reshape(-1), keys, reordered.lengths(), reordered.values())
+    in_order = FeatureArrays(3, dense.reshape(-1), kjt.keys(), kjt.lengths(), kjt.values())
+    expected = runner._predict_batch([check_request(in_order, runner.schema)], record=False)[0]
+    for item in (admit_request(arrays, runner.schema), check_request(arrays, runner.schema)):
+        assert item.kjt.keys() == runner.schema.feature_names
+        (got,) = runner._predict_batch([item], record=False)
+        torch.testing.assert_close(got, expected)
