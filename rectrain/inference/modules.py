@@ -1,11 +1,14 @@
 """``torchrec.inference.modules`` at rectrain's path: quantize a trained model's collections for inference.
 
-``quantize_embeddings`` is TorchRec's: ``torch.ao.quantization.quantize_dynamic`` swaps every submodule whose
-type is exactly ``EmbeddingBagCollection`` (or a type of ``additional_qconfig_spec_keys``) for
-``rectrain.quant.EmbeddingBagCollection`` (recserve's int-N lookups). As in TorchRec, a collection that
-``DistributedModelParallel`` has sharded is not an ``EmbeddingBagCollection`` and stays as it is (TorchRec's
-retrieval example quantizes its DMP model this way and saves the float, sharded state); rectrain also logs
-a warning naming it. Quantize the unsharded model (``state_dict_gather`` into it) instead.
+``quantize_embeddings`` swaps as TorchRec's does (through ``torch.ao.quantization.quantize_dynamic``, which
+torch deprecates, so the few lines of the swap are here): every submodule below the root whose type is
+exactly ``EmbeddingBagCollection`` (or a type of ``additional_qconfig_spec_keys``) becomes
+``rectrain.quant.EmbeddingBagCollection`` (recserve's int-N lookups), built by ``from_float`` from the
+module with its ``qconfig`` set; the root is never swapped (torch's ``convert`` swaps children only). As in
+TorchRec, a collection that ``DistributedModelParallel`` has sharded is not an ``EmbeddingBagCollection``
+and stays as it is (TorchRec's retrieval example quantizes its DMP model this way and saves the float,
+sharded state); rectrain also logs a warning naming it. Quantize the unsharded model (``state_dict_gather``
+into it) instead.
 
 Serving a quantized model is recserve's job: ``recserve.export.export_package(model=...)`` takes the model
 (quantized or not) and ``recserve.runtime.Predictor`` serves the package. TorchRec's torch.deploy serving
@@ -14,10 +17,12 @@ interfaces and its sharding of quantized models for GPUs are refused by name (``
 
 from __future__ import annotations
 
+import copy
 import logging
+from dataclasses import dataclass
+from functools import partial
 
 import torch
-import torch.ao.quantization as quant
 from torch import nn
 
 from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
@@ -75,8 +80,8 @@ def quantize_embeddings(
     ``per_table_weight_dtype`` overrides it per table) and pooling into ``output_dtype``. ``inplace=False``
     works on a deep copy."""
     qconfig = QuantConfig(
-        activation=quant.PlaceholderObserver.with_args(dtype=output_dtype),
-        weight=quant.PlaceholderObserver.with_args(dtype=dtype),
+        activation=partial(DtypePlaceholder, output_dtype),
+        weight=partial(DtypePlaceholder, dtype),
         per_table_weight_dtype=per_table_weight_dtype,
     )
     qconfig_spec: dict[type[nn.Module], QuantConfig] = {EmbeddingBagCollection: qconfig}
@@ -85,7 +90,33 @@ def quantize_embeddings(
         qconfig_spec[key] = qconfig
     mapping.update(additional_mapping or {})
     _warn_sharded(module)
-    return quant.quantize_dynamic(module, qconfig_spec=qconfig_spec, mapping=mapping, inplace=inplace)
+    if not inplace:
+        module = copy.deepcopy(module)
+    _swap_children(module, qconfig_spec, mapping)
+    return module
+
+
+def _swap_children(
+    module: nn.Module, qconfig_spec: dict[type[nn.Module], QuantConfig], mapping: dict[type[nn.Module], type]
+) -> None:
+    """Replace each child whose exact type has a qconfig and a mapping by its quantized module; recurse
+    into the others (a swapped module's children go with it)."""
+    for name, child in module.named_children():
+        kind = type(child)
+        if kind in qconfig_spec and kind in mapping:
+            child.qconfig = qconfig_spec[kind]
+            setattr(module, name, mapping[kind].from_float(child))
+            del child.qconfig
+        else:
+            _swap_children(child, qconfig_spec, mapping)
+
+
+@dataclass(frozen=True)
+class DtypePlaceholder:
+    """What ``QuantConfig``'s ``weight()``/``activation()`` give: the dtype (TorchRec uses torch's
+    ``PlaceholderObserver``, which ``from_float`` reads only for its ``dtype``)."""
+
+    dtype: torch.dtype
 
 
 def quantize_inference_model(
