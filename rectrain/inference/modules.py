@@ -21,6 +21,7 @@ import copy
 import logging
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError
 from rectrain.inference.refusals import refused
+from rectrain.planner import ShardingPlan
 from rectrain.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from rectrain.quant.embedding_modules import (
     quant_prep_enable_cache_features_order,
@@ -162,8 +164,19 @@ def quantize_inference_model(
     return model
 
 
-def shard_quant_model(model: nn.Module, *args: object, **kwargs: object) -> tuple[nn.Module, object]:
-    """TorchRec shards a quantized model over GPUs for inference; refused (see ``refusals``)."""
+def shard_quant_model(
+    model: nn.Module,
+    world_size: int = 1,
+    compute_device: str = "cuda",
+    sharding_device: str = "meta",
+    sharders: list[Any] | None = None,
+    device_memory_size: int | None = None,
+    constraints: dict[str, Any] | None = None,
+    ddr_cap: int | None = None,
+    sharding_plan: ShardingPlan | None = None,
+) -> tuple[nn.Module, ShardingPlan]:
+    """TorchRec shards a quantized model over GPUs for inference; refused (see ``refusals``): recserve
+    places the quantized tables over serving devices when the model is exported."""
     raise refused("shard_quant_model")
 
 
