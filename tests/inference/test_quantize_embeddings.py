@@ -16,6 +16,7 @@ from rectrain.inference.modules import quantize_embeddings, quantize_inference_m
 from rectrain.models import DLRMTrain, build_model
 from rectrain.quant import EmbeddingBagCollection as QuantEmbeddingBagCollection
 from rectrain.quant.embedding_modules import quant_prep_enable_quant_state_dict_split_scale_bias
+from tests.distributed.multiprocess import run_multiprocess
 from tests.export.common import dlrm_config, request, trained_state
 
 TABLES = [
@@ -185,3 +186,31 @@ def test_the_root_module_is_not_swapped():
     ebc = Model().ebc
     assert quantize_embeddings(ebc, dtype=torch.qint8, inplace=True) is ebc
     assert type(ebc) is EmbeddingBagCollection
+
+
+def _quantize_dmp(env) -> dict:
+    """On a DMP-wrapped model: what quantize_embeddings swaps, and what it logs."""
+    import logging
+
+    from rectrain.distributed import DistributedModelParallel
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("rectrain.inference.modules").addHandler(handler)
+    dmp = DistributedModelParallel(Model(), env=env, device=torch.device("cpu"))
+    quantized = quantize_embeddings(dmp, dtype=torch.qint8, inplace=True)
+    swapped = any(isinstance(m, QuantEmbeddingBagCollection) for m in quantized.modules())
+    return {"swapped": swapped, "log": records}
+
+
+def test_a_collection_sharded_by_dmp_stays_float_with_a_warning():
+    """TorchRec's retrieval example quantizes its DMP model: as in TorchRec, the sharded collection is no
+    EmbeddingBagCollection and stays float; rectrain says so."""
+    (result,) = run_multiprocess(_quantize_dmp, 1)
+    assert not result["swapped"]
+    assert (
+        len(result["log"]) == 1
+        and "stay float and sharded" in result["log"][0]
+        and ".ebc" in result["log"][0]
+    )
