@@ -4,6 +4,7 @@ by one rank of two lacks the other's shards and is refused by name, a foreign gl
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -95,3 +96,21 @@ def test_a_foreign_global_is_refused_before_it_runs(tmp_path):
     ):
         read_torch_save(tmp_path / "model.pt")
     assert not evil.marker.exists()
+
+
+def test_the_cli_exports_a_model_pt(tmp_path):
+    from recserve.cli import main as recserve_main
+
+    cfg = two_tower_config()
+    torch.save(torchrec_two_tower_state(cfg), tmp_path / "model.pt")
+    (tmp_path / "model.json").write_text(json.dumps(cfg.to_dict()))
+    argv = [
+        "export",
+        "--from-torchrec",
+        str(tmp_path / "model.pt"),
+        "--model-config",
+        str(tmp_path / "model.json"),
+    ]
+    assert recserve_main([*argv, "--out", str(tmp_path / "pkg"), "--dtype", "fp32"]) == 0
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["source"]["format"] == "torch.save"
