@@ -94,6 +94,21 @@ EXAMPLES = {
         "train=lambda x: None, add=lambda x: None); "
         "t.train(num_embeddings=1000, embedding_dim=16, num_iterations=20)",
     ),
+    # The example's own main() path: save_dir quantizes (inference.modules.quantize_embeddings) and saves
+    # model.pt, which recserve exports (tests/inference/test_two_tower_example.py serves it).
+    "retrieval/two_tower_train.py save_dir@1": (
+        "retrieval",
+        1,
+        "import os, sys, types; f = sys.modules.setdefault('faiss', types.ModuleType('faiss')); "
+        "f.GpuIndexIVFPQ = f.IndexIVFPQ = object; "
+        "f.write_index = lambda index, path: open(path, 'wb').close(); "
+        "sys.modules.setdefault('faiss.contrib', types.ModuleType('faiss.contrib')); "
+        "sys.modules.setdefault('faiss.contrib.torch_utils', types.ModuleType('faiss.contrib.torch_utils')); "
+        "import retrieval.two_tower_train as t; t.get_index = lambda **k: types.SimpleNamespace("
+        "train=lambda x: None, add=lambda x: None); os.makedirs('saved', exist_ok=True); "
+        "t.train(num_embeddings=1000, embedding_dim=16, num_iterations=20, save_dir='saved'); "
+        "assert os.path.getsize('saved/model.pt') > 0",
+    ),
     "zch/main.py": (
         "zch",
         0,

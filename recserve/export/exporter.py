@@ -22,14 +22,14 @@ import recserve
 from recserve.errors import AccuracyError, ExportError
 from recserve.export.accuracy import AccuracySample, accuracy_report, synthetic_sample
 from recserve.export.planner import TableLoad, plan_placement
-from recserve.export.quantize import check_dim, quantize_table
+from recserve.export.quantize import check_dim, dequantize_table, quantize_table
 from recserve.export.sample_rows import CompactSample, compact_sample
 from recserve.export.sources import CheckpointSource, StateDictSource, TableSource
-from recserve.export.torchrec_import import import_module
+from recserve.export.torchrec_import import import_module, quantized_tables_of
 from recserve.export.writer import PackageWriter
 from recserve.runtime.assembly import build_skeleton, dense_state_keys, table_weight_key
 from recserve.runtime.dense_bounds import ACTIONS, WIDEN, bounds_from_range
-from recserve.runtime.layout import TableDType, kernel_rows, row_bytes
+from recserve.runtime.layout import QuantizedTable, TableDType, kernel_rows, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry
 from recserve.runtime.predictor import DENSE_DTYPES, metadata_for
 from rectrain.models.config import ModelConfig
@@ -93,16 +93,41 @@ def split_state_dict(
     return {name: state_dict[key] for key, name in table_keys.items()}, dense
 
 
+def _own_dtypes(
+    prequantized: Mapping[str, QuantizedTable], table_dtypes: Mapping[str, str] | None
+) -> dict[str, TableDType]:
+    """The dtypes of already quantized tables; ExportError where ``table_dtypes`` asks for another one."""
+    for name, table in prequantized.items():
+        asked = (table_dtypes or {}).get(name)
+        if asked is not None and TableDType.parse(asked, f"table_dtypes[{name!r}]") is not table.dtype:
+            raise ExportError(
+                f"table_dtypes[{name!r}] = {asked!r}, but the model's table is already quantized to "
+                f"{table.dtype.value}; export the float model to store it as {asked}"
+            )
+    return {name: table.dtype for name, table in prequantized.items()}
+
+
 def _stream_table(
-    writer: PackageWriter, tables: TableSource, key: str, table: Any, dtype: TableDType, kept: Tensor
+    writer: PackageWriter,
+    tables: TableSource,
+    key: str,
+    table: Any,
+    dtype: TableDType,
+    kept: Tensor,
+    prequantized: QuantizedTable | None = None,
 ) -> Tensor:
-    """Quantize ``table`` a slice of rows at a time into the package; returns its fp32 rows ``kept``."""
+    """Quantize ``table`` a slice of rows at a time into the package (or copy its ``prequantized`` rows);
+    returns its fp32 rows ``kept`` (the dequantized ones, for a prequantized table)."""
     compact = torch.zeros(max(1, kept.numel()), table.embedding_dim)
     step = max(1, _SLICE_BYTES // (4 * table.embedding_dim))
     for start in range(0, table.num_embeddings, step):
         end = min(table.num_embeddings, start + step)
-        weight = tables.rows(key, start, end).detach().to("cpu", torch.float32)
-        quantized = quantize_table(weight, dtype)
+        if prequantized is None:
+            weight = tables.rows(key, start, end).detach().to("cpu", torch.float32)
+            quantized = quantize_table(weight, dtype)
+        else:
+            quantized = prequantized.rows(start, end)
+            weight = dequantize_table(quantized)
         writer.write_rows(table.name, start, kernel_rows(quantized.weights, quantized.scale_bias))
         inside = ((kept >= start) & (kept < end)).nonzero().squeeze(1)
         compact[inside] = weight[kept[inside] - start]
@@ -195,7 +220,9 @@ def export_package(
     """
     if (state_dict is None) == (model is None):
         raise ExportError("export_package: give exactly one of state_dict= and model=")
+    prequantized: dict[str, QuantizedTable] = {}
     if model is not None:
+        prequantized = {n: t for tables in quantized_tables_of(model).values() for n, t in tables.items()}
         model_config, state_dict = import_module(model_config, model)
     _, ebc_path = build_skeleton(model_config)
     table_keys = {table_weight_key(ebc_path, t.name) for t in model_config.tables}
@@ -217,7 +244,9 @@ def export_package(
         dense_range=dense_range,
         dense_bounds=dense_bounds,
     )
-    return export_tables(out_dir, model_config, StateDictSource(state_dict), dense, **options)
+    return export_tables(
+        out_dir, model_config, StateDictSource(state_dict), dense, prequantized=prequantized, **options
+    )
 
 
 def export_checkpoint(
@@ -248,13 +277,16 @@ def export_tables(
     overwrite: bool = False,
     dense_range: Mapping[str, Any] | None = None,
     dense_bounds: str = "refuse",
+    prequantized: Mapping[str, QuantizedTable] | None = None,
 ) -> Path:
     """The package of checked parts: each table is read, quantized and written a slice of rows at a time
-    (memory: one slice, plus the rows the accuracy sample reads), the accuracy gate runs on those rows."""
+    (memory: one slice, plus the rows the accuracy sample reads), the accuracy gate runs on those rows.
+    ``prequantized`` tables (a quantized model's) are written as they are, in their own dtype."""
     if dense_dtype not in DENSE_DTYPES:
         raise ExportError(f"dense_dtype: expected one of {list(DENSE_DTYPES)}, got {dense_dtype!r}")
     bounds = _dense_bounds(dense_range, dense_bounds, cfg.dense_in_features, source)
-    dtypes = resolve_table_dtypes(cfg, dtype, table_dtypes)
+    prequantized = prequantized or {}
+    dtypes = {**resolve_table_dtypes(cfg, dtype, table_dtypes), **_own_dtypes(prequantized, table_dtypes)}
     for t in cfg.tables:
         check_dim(t.name, t.embedding_dim, dtypes[t.name])
     loads = [
@@ -274,7 +306,13 @@ def export_tables(
     try:
         kept = {
             t.name: _stream_table(
-                writer, tables, table_weight_key(ebc_path, t.name), t, dtypes[t.name], compact.rows[t.name]
+                writer,
+                tables,
+                table_weight_key(ebc_path, t.name),
+                t,
+                dtypes[t.name],
+                compact.rows[t.name],
+                prequantized.get(t.name),
             )
             for t in cfg.tables
         }

@@ -2,8 +2,10 @@
 
 Sources: a ``torch.distributed.checkpoint`` directory written from TorchRec's ``DistributedModelParallel``
 (any world size and sharding; see ``dcp_reader``), a ``.safetensors`` file of a plain (unsharded) TorchRec
-``state_dict()``, or a module in memory (``export_package(model=...)``). torchrec is never imported: only
-the state dict's key layout matters.
+``state_dict()``, a ``torch.save`` state dict (``model.pt``, as TorchRec's retrieval example saves it; see
+``torch_save_reader``: sharded tables are read when the file holds all their shards, i.e. one rank saved
+them), or a module in memory (``export_package(model=...)``), quantized or not. torchrec is never imported:
+only the state dict's key layout matters.
 
 Where the model sits in the state dict is found from its first table's key: everything before
 ``sparse_arch.embedding_bag_collection.embedding_bags.<table>.weight`` (DLRM, DLRM_DCN) or
@@ -32,6 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from recserve.errors import ExportError
+from recserve.export.quantize import dequantize_table
+from recserve.runtime.layout import QuantizedTable
 from rectrain.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ _ARCH_CHILDREN = {
     "two_tower": ("ebc", "query_proj", "candidate_proj"),
 }
 _TOWERS = ("query_proj", "candidate_proj")
+_TORCH_SAVE_SUFFIXES = (".pt", ".pth")
 _TORCHREC_TOWER_LAYER = re.compile(r"^(query_proj|candidate_proj)\._mlp\.(\d+)\._linear\.(weight|bias)$")
 
 
@@ -136,9 +141,28 @@ def import_state_dict(
     return to_prediction_state(cfg, arch, where)
 
 
+def quantized_tables_of(model: nn.Module) -> dict[str, dict[str, QuantizedTable]]:
+    """``{module path: {table: rows}}`` of the quantized collections in ``model`` (those that give their
+    serving rows with ``quantized_tables()``, as ``rectrain.quant.EmbeddingBagCollection`` does)."""
+    return {
+        path: module.quantized_tables()
+        for path, module in model.named_modules()
+        if callable(getattr(module, "quantized_tables", None))
+    }
+
+
 def import_module(cfg: ModelConfig, model: nn.Module) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """``import_state_dict`` of ``model.state_dict()`` (a TorchRec DLRM, DMP on one rank, or one of ours)."""
-    return import_state_dict(cfg, model.state_dict(), where=type(model).__name__)
+    """``import_state_dict`` of ``model.state_dict()`` (a TorchRec DLRM, DMP on one rank, or one of ours).
+
+    A quantized collection's entries (``embedding_bags.<table>.weight`` as uint8 rows, and any split
+    ``weight_qscale``/``weight_qbias``) are replaced by the float32 values its lookups see; export then
+    writes its rows as they are (``exporter``), not re-quantized."""
+    state = dict(model.state_dict())
+    for path, tables in quantized_tables_of(model).items():
+        prefix = f"{path}.embedding_bags." if path else "embedding_bags."
+        state = {key: value for key, value in state.items() if not key.startswith(prefix)}
+        state.update({f"{prefix}{name}.weight": dequantize_table(table) for name, table in tables.items()})
+    return import_state_dict(cfg, state, where=type(model).__name__)
 
 
 def _full_tensor(value: Any, where: str) -> Tensor:
@@ -183,12 +207,20 @@ def load_torchrec(
     elif path.is_file() and path.suffix == ".safetensors":
         tensors, selected = _read_safetensors(path, cfg)
         source["format"] = "safetensors"
+    elif path.is_file() and path.suffix in _TORCH_SAVE_SUFFIXES:
+        from recserve.export.torch_save_reader import read_torch_save
+
+        saved = read_torch_save(path)
+        selected = model_keys(list(saved), cfg, str(path))
+        tensors = {key: _full_tensor(saved[key], f"{path}[{key!r}]") for key in selected}
+        source["format"] = "torch.save"
     elif not path.exists():
         raise ExportError(f"--from-torchrec {path}: does not exist")
     else:
         raise ExportError(
             f"--from-torchrec {path}: expected a torch.distributed.checkpoint directory or a .safetensors "
-            "file of a model state_dict (pickled torch.save files are not read)"
+            "file of a model state_dict, or a torch.save state dict "
+            f"({', '.join(_TORCH_SAVE_SUFFIXES)}, read with torch's weights-only unpickler)"
         )
     cfg, state = to_prediction_state(cfg, {selected[k]: v for k, v in tensors.items()}, str(path))
     return cfg, state, source

@@ -6,7 +6,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, unique
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
 
 from rectrain.errors import ConfigError
 
@@ -32,6 +34,38 @@ class DataType(Enum):
     @property
     def bits(self) -> int:
         return {"FP32": 32, "FP16": 16, "BF16": 16, "INT8": 8, "INT4": 4, "INT2": 2}[self.value]
+
+
+_DTYPE_TO_DATA_TYPE = {
+    torch.float32: DataType.FP32,
+    torch.float16: DataType.FP16,
+    torch.bfloat16: DataType.BF16,
+    torch.qint8: DataType.INT8,
+    torch.quint8: DataType.INT8,
+    torch.int8: DataType.INT8,
+    torch.quint4x2: DataType.INT4,
+    torch.quint2x4: DataType.INT2,
+}
+
+
+def dtype_to_data_type(dtype: torch.dtype) -> DataType:
+    """The table ``DataType`` a torch quantization dtype stands for (TorchRec's mapping: ``qint8`` is INT8,
+    ``quint4x2`` INT4, ``quint2x4`` INT2)."""
+    try:
+        return _DTYPE_TO_DATA_TYPE[dtype]
+    except KeyError:
+        known = ", ".join(str(d) for d in _DTYPE_TO_DATA_TYPE)
+        raise ConfigError(f"no table data type for {dtype}; choose one of {known}") from None
+
+
+class QuantConfig(NamedTuple):
+    """``torchrec.modules.embedding_configs.QuantConfig``: a qconfig whose ``weight()`` observer's dtype
+    is the tables' storage type, ``activation()``'s the output dtype, ``per_table_weight_dtype`` the
+    exceptions."""
+
+    activation: Any
+    weight: Any
+    per_table_weight_dtype: dict[str, torch.dtype] | None = None
 
 
 @dataclass

@@ -10,6 +10,8 @@ from rectrain.embedding.config import (
     EmbOptimType,
     FusedOptimizerConfig,
     PoolingType,
+    QuantConfig,
+    dtype_to_data_type,
 )
 
 __all__ = [
@@ -21,7 +23,9 @@ __all__ = [
     "FusedOptimizerConfig",
     "NoEvictionPolicy",
     "PoolingType",
+    "QuantConfig",
     "VirtualTableEvictionPolicy",
+    "dtype_to_data_type",
 ]
 
 
