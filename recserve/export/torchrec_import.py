@@ -2,9 +2,8 @@
 
 Sources: a ``torch.distributed.checkpoint`` directory written from TorchRec's ``DistributedModelParallel``
 (any world size and sharding; see ``dcp_reader``), a ``.safetensors`` file of a plain (unsharded) TorchRec
-``state_dict()``, a ``torch.save`` state dict (``model.pt``, as TorchRec's retrieval example saves it; see
-``torch_save_reader``: sharded tables are read when the file holds all their shards, i.e. one rank saved
-them), or a module in memory (``export_package(model=...)``), quantized or not. torchrec is never imported:
+``state_dict()``, or a module in memory (``export_package(model=...)``), quantized or not; a pickled
+``torch.save`` file (such as TorchRec's ``model.pt``) is refused, never unpickled. torchrec is never imported:
 only the state dict's key layout matters.
 
 Where the model sits in the state dict is found from its first table's key: everything before
@@ -46,7 +45,6 @@ _ARCH_CHILDREN = {
     "two_tower": ("ebc", "query_proj", "candidate_proj"),
 }
 _TOWERS = ("query_proj", "candidate_proj")
-_TORCH_SAVE_SUFFIXES = (".pt", ".pth")
 _TORCHREC_TOWER_LAYER = re.compile(r"^(query_proj|candidate_proj)\._mlp\.(\d+)\._linear\.(weight|bias)$")
 
 
@@ -207,20 +205,13 @@ def load_torchrec(
     elif path.is_file() and path.suffix == ".safetensors":
         tensors, selected = _read_safetensors(path, cfg)
         source["format"] = "safetensors"
-    elif path.is_file() and path.suffix in _TORCH_SAVE_SUFFIXES:
-        from recserve.export.torch_save_reader import read_torch_save
-
-        saved = read_torch_save(path)
-        selected = model_keys(list(saved), cfg, str(path))
-        tensors = {key: _full_tensor(saved[key], f"{path}[{key!r}]") for key in selected}
-        source["format"] = "torch.save"
     elif not path.exists():
         raise ExportError(f"--from-torchrec {path}: does not exist")
     else:
         raise ExportError(
             f"--from-torchrec {path}: expected a torch.distributed.checkpoint directory or a .safetensors "
-            "file of a model state_dict, or a torch.save state dict "
-            f"({', '.join(_TORCH_SAVE_SUFFIXES)}, read with torch's weights-only unpickler)"
+            "file of a model state_dict (pickled torch.save files are never read: save the state dict with "
+            "safetensors.torch.save_file, or the model with torch.distributed.checkpoint)"
         )
     cfg, state = to_prediction_state(cfg, {selected[k]: v for k, v in tensors.items()}, str(path))
     return cfg, state, source

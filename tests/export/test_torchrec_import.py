@@ -221,8 +221,11 @@ def test_model_config_that_does_not_describe_the_checkpoint_is_named(tmp_path):
     (tmp_path / "model.toml").write_text('[model]\nkind = "dlrm"\ntables = []\ndense_in_features = 3\n')
     with pytest.raises(ExportError, match=r"--model-config: model.toml: model.tables"):
         read_model_config(tmp_path / "model.toml")
-    with pytest.raises(ExportError, match="or a torch.save state dict"):
+    with pytest.raises(ExportError, match="pickled torch.save files are never read"):
         load_torchrec(tmp_path / "model.toml", cfg)
+    torch.save({"x": torch.zeros(1)}, tmp_path / "model.pt")  # TorchRec's retrieval example saves one
+    with pytest.raises(ExportError, match="pickled torch.save files are never read"):
+        load_torchrec(tmp_path / "model.pt", cfg)
 
 
 @pytest.fixture(scope="module")

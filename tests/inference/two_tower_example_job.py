@@ -4,13 +4,15 @@ Run as ``python two_tower_example_job.py <torchrec source tree> <work dir>`` und
 gloo). The example trains under ``DistributedModelParallel``, calls
 ``inference.modules.quantize_embeddings(model, dtype=torch.qint8, inplace=True)`` and saves
 ``torch.save(quant_model.state_dict(), "<save_dir>/model.pt")``; the job records what that call returned
-(the in-process model) by wrapping the real function. Then, in this process:
+(the in-process model) by wrapping the real function. recserve never unpickles ``model.pt``: the state it
+holds is exported from memory instead, gathered unsharded as the example's ``two_tower_train_cpu`` does.
+Then, in this process:
 
 - the float in-process model (the DMP model: its collection is sharded, so it stays float, as in TorchRec)
-  scores a batch; ``model.pt`` exported at fp32 and served by ``Predictor`` scores it too;
+  scores a batch; its gathered state exported at fp32 and served by ``Predictor`` scores it too;
 - the same model gathered unsharded and quantized in process (``quantize_embeddings`` on the unsharded
-  model, as the example's ``two_tower_train_cpu``) scores it; ``model.pt`` exported at int8, and that
-  quantized module exported as it is, score it too.
+  model) scores it; the gathered state exported at int8, and that quantized module exported as it is,
+  score it too.
 
 Writes ``result.json`` in the work dir: the largest score differences and what was saved.
 """
@@ -62,7 +64,7 @@ def main(src: Path, work: Path) -> None:
     from retrieval.modules.two_tower import TwoTower, TwoTowerTrainTask
 
     from recserve.export import export_package
-    from recserve.export.torchrec_import import load_torchrec
+    from recserve.export.torchrec_import import import_module
     from recserve.runtime import Predictor
     from rectrain.datasets.utils import Batch
     from rectrain.embedding import EmbeddingBagCollection
@@ -115,7 +117,7 @@ def main(src: Path, work: Path) -> None:
     with torch.no_grad():
         quantized_logits = quantized_task(batch)[1][1]
 
-    imported_cfg, imported, source = load_torchrec(save_dir / "model.pt", cfg)
+    imported_cfg, imported = import_module(cfg, cpu_task)
     served = {}
     for dtype in ("fp32", "int8"):
         package = export_package(
@@ -131,7 +133,6 @@ def main(src: Path, work: Path) -> None:
     quantized_type = type(quantized_task.two_tower.ebc)
     result = {
         "saved": sorted(p.name for p in save_dir.iterdir()),
-        "source_format": source["format"],
         "in_process_type": type(in_process).__name__,
         "quantized_type": f"{quantized_type.__module__}.{quantized_type.__name__}",
         "quantized_module_table_dtypes": [t["dtype"] for t in manifest["tables"]],
