@@ -30,10 +30,10 @@ def add_export_command(subparsers: Any) -> None:
     source.add_argument("--checkpoint", help="checkpoint root (or one step_<N> directory)")
     source.add_argument(
         "--from-torchrec",
-        metavar="DIR|FILE.safetensors|FILE.pt",
+        metavar="DIR|FILE.safetensors",
         help="a model trained with TorchRec: a torch.distributed.checkpoint directory (e.g. saved from "
-        "DistributedModelParallel, any world size), a .safetensors file of its state_dict(), or a torch.save "
-        "state dict (.pt/.pth, read weights-only; sharded tables from a one-rank job)",
+        "DistributedModelParallel, any world size) or a .safetensors file of its state_dict() (pickled "
+        "torch.save files are never read)",
     )
     source.add_argument(
         "--package",
