@@ -20,7 +20,15 @@ import logging
 import os
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
+
+DENSE_DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}  # manifest name -> dtype
 
 ENV = "RECSERVE_DENSE_DTYPE"
 CHOICES = ("auto", "fp32", "bf16")

@@ -203,23 +203,30 @@ def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
     file name, a listed file that is missing, and a file (or folder) beside the manifest that it does not
     list are all refused, as is any file whose bytes differ from the record.
     """
-    where = Path(package_dir) / MANIFEST_FILE
-    if not manifest.files:
+    verify_listed_files(package_dir, manifest.files)
+
+
+def verify_listed_files(directory: str | Path, files: dict[str, dict[str, Any]]) -> None:
+    """``verify_files`` for any directory whose ``manifest.json`` lists ``files`` (a package, a delta)."""
+    where = Path(directory) / MANIFEST_FILE
+    if not files:
         raise PackageError(
             f"{where}: 'files' lists no file, so nothing in the package could be verified; re-export it"
         )
-    for name in manifest.files:
+    for name in files:
         if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or "\\" in name:
             raise PackageError(f"{where}: files[{name!r}]: not a file name inside the package")
-    present = {p.name for p in Path(package_dir).iterdir() if p.name != MANIFEST_FILE}
-    unlisted = sorted(present - set(manifest.files))
+    present = {p.name for p in Path(directory).iterdir() if p.name != MANIFEST_FILE}
+    unlisted = sorted(present - set(files))
     if unlisted:
         raise PackageError(
-            f"{Path(package_dir) / unlisted[0]}: not listed in {MANIFEST_FILE}, so it cannot be verified; "
+            f"{Path(directory) / unlisted[0]}: not listed in {MANIFEST_FILE}, so it cannot be verified; "
             "a package holds only the files its manifest lists (remove it or re-export the package)"
         )
-    for name, entry in manifest.files.items():
-        path = Path(package_dir) / name
+    for name, entry in files.items():
+        if not isinstance(entry, dict):
+            raise PackageError(f"{where}: files[{name!r}]: expected {{'sha256': ..., 'bytes': ...}}")
+        path = Path(directory) / name
         if not path.is_file():
             raise PackageError(f"{path}: missing (listed in {MANIFEST_FILE})")
         size = path.stat().st_size

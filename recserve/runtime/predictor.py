@@ -20,8 +20,10 @@ from torch import Tensor, nn
 
 from recserve.errors import PackageError
 from recserve.runtime.assembly import build_skeleton, compile_dense_part, replace_module
+from recserve.runtime.delta import Delta, manifest_sha256
+from recserve.runtime.delta_apply import StreamPosition, check_rows, copy_dense, prepare_dense
 from recserve.runtime.dense_bounds import DenseBounds
-from recserve.runtime.dense_precision import choose_dense_dtype
+from recserve.runtime.dense_precision import DENSE_DTYPES, choose_dense_dtype
 from recserve.runtime.layout import QuantizedTable
 from recserve.runtime.package import (
     DENSE_FILE,
@@ -42,8 +44,6 @@ from rectrain.models.config import ModelConfig
 from rectrain.sparse import KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
-
-DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,8 @@ class Predictor:
         device: torch.device,
         dtype: torch.dtype,
         graph: ServingGraph | None = None,
+        *,
+        position: StreamPosition | None = None,
     ):
         self.model = model
         self.graph = graph  # the model's forward as one TorchScript call, when it could be built and checked
@@ -100,10 +102,63 @@ class Predictor:
         self._validator = RequestValidator(metadata.dense_in_features, metadata.num_embeddings)
         # On a GPU a checked batch travels in one asynchronous copy through reused pinned memory.
         self._staging = Staging(device) if device.type == "cuda" else None
+        self._lookups = next(m for m in model.modules() if isinstance(m, QuantEmbeddingBagCollection))
+        self._position = position or StreamPosition(metadata.version, metadata.model_name)
 
     @property
     def metadata(self) -> PackageMetadata:
+        """The base package's metadata (deltas change weights only; ``model_version`` names the deltas)."""
         return self._metadata
+
+    @property
+    def model_version(self) -> str:
+        """``"N"`` when serving base package N, ``"N.SEQ"`` after its deltas 1..SEQ."""
+        return self._position.version
+
+    @property
+    def model_step(self) -> int | None:
+        """The training step of the newest applied delta, else the base's (its manifest's ``source.step``)."""
+        return self._position.step
+
+    @property
+    def wall_time(self) -> float | None:
+        """When the newest applied delta's rows were read (unix seconds), else the base's
+        ``source.wall_time``."""
+        return self._position.wall_time
+
+    @property
+    def overlay_bytes(self) -> int:
+        """Memory this predictor holds for rows changed by deltas, over the shared base rows."""
+        return self._lookups.overlay_bytes
+
+    def apply_delta(self, delta: Delta) -> None:
+        """Serve ``delta`` (from ``read_delta``) on top of what is served: its changed rows join the
+        per-worker overlay, its dense state is copied into the dense part. PackageError, with nothing
+        changed, unless it is the next delta of this base and fits this model. Callers run no predict at
+        the same time.
+
+        Everything is checked and prepared first (overlays merged into new tensors, dense values converted),
+        then swapped in by assignments and copies that cannot fail, so a predict sees the old model or the
+        new one, and a refused delta leaves the predictor as it was.
+        """
+        started = time.perf_counter()
+        position = self._position.after(delta)
+        check_rows(self._lookups.embedding_bag_configs(), delta)
+        dense = prepare_dense(self.model, delta)
+        overlays = self._lookups.overlays_with(delta.rows)
+        self._lookups.use_overlays(overlays)
+        copy_dense(dense)
+        self._position = position
+        logger.info(
+            "applied delta %d of %s version %s (%d rows, step %s) in %.3f s; overlay %.1f MB",
+            delta.sequence,
+            self._metadata.model_name,
+            position.base_version,
+            delta.num_rows,
+            delta.step,
+            time.perf_counter() - started,
+            self.overlay_bytes / 1e6,
+        )
 
     @classmethod
     def build(
@@ -181,6 +236,14 @@ class Predictor:
             manifest.dense_bounds, manifest.dense_in_features, str(Path(package_dir) / MANIFEST_FILE)
         )
         metadata = replace(metadata, dense_bounds=bounds)
+        source = manifest.source or {}
+        position = StreamPosition(
+            manifest.version,
+            manifest.model_name,
+            manifest_sha256(package_dir),
+            step=source.get("step"),
+            wall_time=source.get("wall_time"),
+        )
         shards = load_shards(package_dir, manifest)
         chosen, why = choose_dense_dtype(
             manifest.dense_dtype, manifest.accuracy, torch.device(device).type, dense_dtype
@@ -196,6 +259,7 @@ class Predictor:
                 device=device,
                 compile_dense=compile_dense,
             )
+            predictor._position = position
         except RuntimeError as error:  # load_state_dict: keys or shapes that do not fit the config
             raise PackageError(
                 f"{Path(package_dir) / DENSE_FILE}: does not fit model_config ({error})"

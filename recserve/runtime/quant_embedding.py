@@ -24,6 +24,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTable
 from torch import Tensor, nn
 
 from recserve.runtime.layout import QuantizedTable
+from recserve.runtime.overlay import KernelLayout, RowOverlay
 from recserve.runtime.placement import ServingPlacement, TableShard
 from rectrain.embedding import EmbeddingBagConfig, PoolingType
 from rectrain.embedding.feature_routing import FeatureRouter, KJTLike, TBEInput, feature_positions
@@ -93,6 +94,8 @@ class _ShardLookup:
         self.partial = any(s.row_start > 0 or s.row_end < c.num_embeddings for s, c, _ in shards)
         self._lo = torch.tensor([slot.row_start for slot in slots], dtype=torch.int64)
         self._hi = torch.tensor([slot.row_end for slot in slots], dtype=torch.int64)
+        self.shards = [s for s, _, _ in shards]  # the kernel's tables, in its order
+        self.overlay: RowOverlay | None = None  # rows changed by deltas since the base (see ``overlay``)
 
     @property
     def features(self) -> list[str]:
@@ -106,7 +109,27 @@ class _ShardLookup:
             indices = indices.to(self.device, non_blocking=True)
             offsets = offsets.to(self.device, non_blocking=True)
             weights = None if weights is None else weights.to(self.device, non_blocking=True)
+        if self.overlay is not None:
+            return self.overlay.lookup(self.tbe, indices, offsets, weights)
         return self.tbe(indices, offsets, weights)
+
+    def with_rows(self, rows: Mapping[str, tuple[Tensor, Tensor]]) -> RowOverlay | None:
+        """The overlay this kernel would have with ``rows`` (table -> sorted global ids, kernel rows) on top
+        of its current one; nothing changes until it is assigned to ``overlay``."""
+        changes = {}
+        for index, shard in enumerate(self.shards):
+            if shard.table not in rows:
+                continue
+            ids, kernel_rows = rows[shard.table]
+            bounds = torch.tensor([shard.row_start, shard.row_end], dtype=ids.dtype)
+            lo, hi = torch.searchsorted(ids, bounds).tolist()
+            if lo < hi:
+                local = (ids[lo:hi] - shard.row_start).to(self.device)
+                changes[index] = (local, kernel_rows[lo:hi].to(self.device))
+        if not changes:
+            return self.overlay
+        base = self.overlay if self.overlay is not None else RowOverlay.empty(KernelLayout.of(self.tbe))
+        return base.merged(changes, f"kernel {[s.label for s in self.shards]}")
 
     def _keep_own_rows(self, item: TBEInput) -> tuple[Tensor, Tensor, Tensor | None]:
         """Drop the ids outside each slot's row range, re-base the rest to the shard's first row."""
@@ -265,8 +288,9 @@ class QuantEmbeddingBagCollection(nn.Module):
 
     def single_kernel_inputs(self, features: KJTLike) -> tuple[Tensor, Tensor, Tensor | None] | None:
         """``(indices, offsets, per_sample_weights)`` for ``single_kernel()`` when ``features`` feed it as
-        they are (keys in the kernel's feature order, values and offsets of one dtype); else None."""
-        if not self._one_kernel:
+        they are (keys in the kernel's feature order, values and offsets of one dtype, no changed rows over
+        its base rows); else None."""
+        if not self._one_kernel or self._lookups[0].overlay is not None:
             return None
         if list(features.keys()) != self._router.features or features.variable_stride_per_key():
             return None
@@ -279,6 +303,22 @@ class QuantEmbeddingBagCollection(nn.Module):
         if weights is None or weights.dtype != torch.float32:
             return None
         return values, offsets, weights
+
+    def overlays_with(self, rows: Mapping[str, tuple[Tensor, Tensor]]) -> list[RowOverlay | None]:
+        """Every kernel's overlay with ``rows`` (table -> sorted global ids int64 [n], kernel rows uint8
+        [n, row bytes]) on top of the current ones, prepared without changing anything (``use_overlays``)."""
+        return [lookup.with_rows(rows) for lookup in self._lookups]
+
+    def use_overlays(self, overlays: Sequence[RowOverlay | None]) -> None:
+        """Serve the changed rows of ``overlays`` (from ``overlays_with``) from the next batch on."""
+        assert len(overlays) == len(self._lookups), "one overlay (or None) per kernel"
+        for lookup, overlay in zip(self._lookups, overlays):
+            lookup.overlay = overlay
+
+    @property
+    def overlay_bytes(self) -> int:
+        """Memory held by changed rows (and their keys) over the shared base rows."""
+        return sum(lookup.overlay.nbytes for lookup in self._lookups if lookup.overlay is not None)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return self._configs
