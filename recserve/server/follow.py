@@ -22,33 +22,40 @@ has moved on (the missing one arrived). A new base restarts the stream. Folders 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recserve.errors import PackageError
 from recserve.server.metrics import ServerMetrics
 from recserve.server.runner import ModelRunner
 
+if TYPE_CHECKING:
+    from recserve.runtime.package import PackageManifest
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-DELTAS_SUFFIX = "-deltas"
 
 
 def deltas_of(publish_dir: Path, base_version: str) -> dict[int, Path]:
-    """The deltas placed for base ``base_version``: ``{sequence: folder}`` (staging dot-names left out;
-    empty when the base has none, or its deltas folder was retired)."""
-    folder = Path(publish_dir) / f"{base_version}{DELTAS_SUFFIX}"
+    """The deltas placed for base ``base_version``: ``{sequence: folder}``, named as the writer names them
+    (staging dot-names left out; empty when the base has none, or its deltas folder was retired).
+
+    Not ``list_stream``, which lists the newest base's only: the serving base is older while a newer one
+    fails to load."""
+    from recserve.runtime.delta import delta_dir, deltas_dir
+
     try:
-        entries = list(folder.iterdir())
+        entries = list(deltas_dir(publish_dir, base_version).iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    return {int(p.name): p for p in entries if p.name.isascii() and p.name.isdigit()}
+    found = {int(p.name): p for p in entries if p.name.isascii() and p.name.isdigit()}
+    return {seq: p for seq, p in found.items() if p == delta_dir(publish_dir, base_version, seq)}
 
 
 def next_sequence(version: str) -> int:
@@ -75,7 +82,7 @@ class _Base:
 
     version: str
     model_name: str
-    manifest: object  # recserve.runtime.package.PackageManifest
+    manifest: PackageManifest
     manifest_sha256: str
 
 
@@ -184,18 +191,19 @@ class Follower:
         base = self._bases.get(package_dir)
         if base is None:
             from recserve.runtime import read_manifest
+            from recserve.runtime.delta import deltas_dir, manifest_sha256
 
             try:
-                raw = (package_dir / MANIFEST).read_bytes()
                 manifest = read_manifest(package_dir)
+                sha256 = manifest_sha256(package_dir)
             except (FileNotFoundError, PackageError):
                 return None
-            base = _Base(manifest.version, manifest.model_name, manifest, hashlib.sha256(raw).hexdigest())
+            base = _Base(manifest.version, manifest.model_name, manifest, sha256)
             # Kept: this base and the one before it (one serves while the other loads); the refusals of
             # older bases' deltas are forgotten with them.
             kept = list(self._bases.items())[-1:] + [(package_dir, base)]
             self._bases = dict(kept)
-            folders = {self._dir / f"{b.version}{DELTAS_SUFFIX}" for b in self._bases.values()}
+            folders = {deltas_dir(self._dir, b.version) for b in self._bases.values()}
             self._refused = {p: r for p, r in self._refused.items() if p.parent in folders}
         return base
 
