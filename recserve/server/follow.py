@@ -110,21 +110,25 @@ class Follower:
     def start(self, poll_bases: Callable[[], None], current: Callable[[], ModelRunner | None]) -> None:
         """Polls every ``interval_s`` seconds in a daemon thread: ``poll_bases()`` (the reloader's scan),
         then the deltas of ``current()``'s base."""
-
-        def run() -> None:
-            while not self._stop.wait(self._interval_s):
-                try:
-                    poll_bases()
-                    runner = current()
-                    if runner is not None:
-                        self.follow(runner)
-                except Exception:  # never let one bad scan end following; the model serves on
-                    logger.exception(
-                        "--follow %s: scan failed; retrying in %.1f s", self._dir, self._interval_s
-                    )
-
-        self._thread = threading.Thread(target=run, name="delta-follow", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(poll_bases, current), name="delta-follow")
+        self._thread.daemon = True
         self._thread.start()
+
+    def _run(self, poll_bases: Callable[[], None], current: Callable[[], ModelRunner | None]) -> None:
+        last_error = ""
+        while not self._stop.wait(self._interval_s):
+            try:
+                poll_bases()
+                runner = current()
+                if runner is not None:
+                    self.follow(runner)
+                last_error = ""
+            except Exception as error:  # one bad scan never ends following; the model serves on
+                if repr(error) != last_error:  # logged once while the same error repeats
+                    logger.exception(
+                        "--follow %s: scan failed; retrying every %.1f s", self._dir, self._interval_s
+                    )
+                last_error = repr(error)
 
     def stop(self) -> None:
         self._stop.set()
@@ -166,9 +170,11 @@ class Follower:
 
         try:
             delta = read_delta(path, base.manifest, base.manifest_sha256, expected)
-        except FileNotFoundError:
-            return False  # retired under us: the next scan sees a new base
-        except PackageError as error:
+        except (FileNotFoundError, PackageError) as error:
+            if files_stamp(path) is None:
+                return False  # retired while read: the next scan sees the new base
+            if not isinstance(error, PackageError):
+                raise
             self._refuse(path, expected, _reason(path, base, expected), str(error), runner, stamp)
             return False
         try:
@@ -178,7 +184,7 @@ class Follower:
             return False
         self._metrics.deltas_applied.inc()
         self._metrics.model_state(runner.step, runner.wall_time)
-        logger.info(
+        logger.debug(
             "applied %s: serving %s %s (step %s)", path, runner.schema.model_name, runner.version, runner.step
         )
         return True
