@@ -126,6 +126,9 @@ def test_deltas_move_the_version_and_score_as_a_full_export_and_a_restart_resume
         oip = oip_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
         assert oip.ModelInfer(infer_request(*BATCH, raw=True)).model_version == "1.2"
         metrics, later = scrape(server), scrape(server)
+        # The worker holds the changed rows only (its overlay), never a copy of a table.
+        delta_files = sum(f.stat().st_size for f in (publish / "1-deltas").glob("*/rows.safetensors"))
+        assert 0 < server.core.runner.predictor.overlay_bytes <= delta_files
     print(f"freshness (delta written -> first reply at its version): {[round(f, 3) for f in freshness]} s")
     assert max(freshness) < 5.0
     assert metrics["recserve_model_step"][()] == 102
