@@ -7,7 +7,11 @@ is timed again. On the overlay path every batch gathers the rows it reads into a
 from the shared mapping, changed rows from the overlay) and runs the same FBGEMM op over it, so its extra cost
 is that gather, growing with the ids per batch rather than with the overlay's size.
 
-    .venv/bin/python bench/delta_overlay.py [--batch 512] [--fraction 0.01] [--deltas 3] [--seconds 1.0]
+    .venv/bin/python bench/delta_overlay.py [--batch 512] [--fraction 0.01] [--deltas 3] [--seconds 8]
+        [--repeats 4] [--threads 1]
+
+Two predictors of the same base (sharing its mapping), one plain and one with the deltas applied, are timed
+alternately, and each keeps its best median.
 
 Last lines: ``overlay vs plain lookups <ratio>`` and ``overlay vs plain predict <ratio>``.
 """
@@ -33,26 +37,34 @@ from recserve.runtime.delta import list_stream, manifest_sha256, read_delta
 from rectrain.models import build_model
 
 
-def best_median(fn: Callable[[], object], seconds: float, repeats: int = 3) -> float:
-    """The lowest of ``repeats`` medians of per-call seconds (other load on a shared machine only adds)."""
-    fn()
-    medians = []
-    for _ in range(repeats):
-        times, until = [], time.perf_counter() + seconds / repeats
-        while time.perf_counter() < until or len(times) < 5:
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        medians.append(statistics.median(times))
-    return min(medians)
+def median_seconds(fn: Callable[[], object], seconds: float) -> float:
+    """The median per-call seconds of ``fn`` over about ``seconds`` (at least 5 calls)."""
+    times, until = [], time.perf_counter() + seconds
+    while time.perf_counter() < until or len(times) < 5:
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
-def timings(predictor: Predictor, batch: int, seconds: float) -> tuple[float, float]:
+def compare(
+    plain: Predictor, overlay: Predictor, batch: int, seconds: float, repeats: int
+) -> list[list[float]]:
+    """``[[plain lookups, overlay lookups], [plain predict, overlay predict]]`` seconds: the two predictors
+    alternate ``repeats`` times and each keeps its best median (other load on a shared machine only adds)."""
     dense, kjt = make_request(batch)
-    lookups = next(m for m in predictor.model.modules() if isinstance(m, QuantEmbeddingBagCollection))
+    calls = []
+    for predictor in (plain, overlay):
+        lookups = next(m for m in predictor.model.modules() if isinstance(m, QuantEmbeddingBagCollection))
+        calls.append((lambda lk=lookups: lk(kjt), lambda p=predictor: p.predict(dense, kjt)))
+    best = [[float("inf")] * 2 for _ in range(2)]
     with torch.inference_mode():
-        lookup_s = best_median(lambda: lookups(kjt), seconds)
-    return lookup_s, best_median(lambda: predictor.predict(dense, kjt), seconds)
+        for _ in range(repeats):
+            for side, (lookup, predict) in enumerate(calls):
+                for what, fn in enumerate((lookup, predict)):
+                    fn()
+                    best[what][side] = min(best[what][side], median_seconds(fn, seconds / (4 * repeats)))
+    return best
 
 
 def main() -> None:
@@ -60,8 +72,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--fraction", type=float, default=0.01)
     parser.add_argument("--deltas", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--seconds", type=float, default=8.0, help="timing, both paths together")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)"
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     print_machine()
     cfg = workload_config()
     torch.manual_seed(0)
@@ -71,8 +88,6 @@ def main() -> None:
         export_package(
             publish / "1", model_config=cfg, state_dict=state, accuracy_sample=synthetic_sample(cfg, 256)
         )
-        predictor = Predictor.load(publish / "1")
-        plain = timings(predictor, args.batch, args.seconds)
         changed = max(1, int(args.fraction * E))
         dense = split_state_dict(cfg, state)[1]
         for sequence in range(1, args.deltas + 1):
@@ -83,16 +98,20 @@ def main() -> None:
             write_delta(publish, "1", sequence, sequence, rows, dense)
         base, paths = list_stream(publish)
         manifest, sha = read_manifest(base), manifest_sha256(base)
+        plain, predictor = Predictor.load(base), Predictor.load(base)
         for sequence, path in enumerate(paths, start=1):
             predictor.apply_delta(read_delta(path, manifest, sha, sequence))
-        overlay = timings(predictor, args.batch, args.seconds)
+        (lookup_plain, lookup_overlay), (predict_plain, predict_overlay) = compare(
+            plain, predictor, args.batch, args.seconds, args.repeats
+        )
+        plain_t, overlay_t = (lookup_plain, predict_plain), (lookup_overlay, predict_overlay)
     ids = int(make_request(args.batch)[1].values().numel())
     print(f"batch {args.batch}: {ids} ids over {T} tables; overlay {predictor.overlay_bytes / 1e6:.1f} MB")
     print(f"{'':<10}{'plain ms':>10}{'overlay ms':>12}{'extra ms':>10}")
-    for name, a, b in (("lookups", plain[0], overlay[0]), ("predict", plain[1], overlay[1])):
+    for name, a, b in (("lookups", plain_t[0], overlay_t[0]), ("predict", plain_t[1], overlay_t[1])):
         print(f"{name:<10}{a * 1e3:>10.3f}{b * 1e3:>12.3f}{(b - a) * 1e3:>10.3f}")
-    print(f"overlay vs plain lookups {overlay[0] / plain[0]:.3f}")
-    print(f"overlay vs plain predict {overlay[1] / plain[1]:.3f}")
+    print(f"overlay vs plain lookups {overlay_t[0] / plain_t[0]:.3f}")
+    print(f"overlay vs plain predict {overlay_t[1] / plain_t[1]:.3f}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ TABLES: dict[str, list[str]] = {
     "data_pipeline": [],
     "overload_burst": [],
     "foreign_criteo": [],
+    "delta_overlay": ["overlay vs plain lookups", "overlay vs plain predict"],
 }
 
 
