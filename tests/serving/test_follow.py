@@ -229,6 +229,7 @@ def test_a_new_base_is_swapped_in_with_its_deltas_and_a_delta_of_another_base_is
     assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "2"))] == 1
 
 
+@pytest.mark.slow  # two spawned workers: ~20 s on an idle 2-core machine, most of it their start
 def test_two_workers_each_follow_and_share_one_metrics_page(tmp_path):
     training, publish = Training(), tmp_path / "publish"
     publish.mkdir()
