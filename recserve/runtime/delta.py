@@ -90,7 +90,7 @@ def read_delta(
     where = path / MANIFEST_FILE
     data = _read_json(where)
     _check_identity(data, where, base, base_manifest_sha256, expected_sequence)
-    if path.name.isdigit() and int(path.name) != data["sequence"]:
+    if _is_number(path.name) and int(path.name) != data["sequence"]:
         raise PackageError(f"{where}: sequence {data['sequence']} but the folder is named {path.name!r}")
     counts = _table_counts(data.get("tables"), where, base)
     files = data.get("files")
@@ -238,8 +238,10 @@ def _read_dense(path: Path, base: PackageManifest) -> dict[str, Tensor]:
 
 
 def _load(path: Path) -> dict[str, Tensor]:
+    """The tensors, copied out of the file's mapping (a verified delta must not change under its reader, and
+    a retired delta's files may be truncated or reused)."""
     try:
-        return load_file(str(path))
+        return {k: v.clone() for k, v in load_file(str(path)).items()}
     except (SafetensorError, OSError) as error:
         raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
 

@@ -1,9 +1,10 @@
 """Hot reload: load a package beside the serving one, warm it up, swap it in; keep the old one on failure.
 
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
-versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
-numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest may record); the highest
-one whose ``manifest.json`` exists is the one to serve.
+versioned packages (``--watch DIR``; ``--follow DIR`` runs the same scan, :meth:`Reloader.poll`, from its own
+thread before it looks for deltas: :mod:`recserve.server.follow`). As in Triton's model repository, versions
+are sub-directories with numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest
+may record); the highest one whose ``manifest.json`` exists is the one to serve.
 The folder's name is the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is
 refused): a version folder whose manifest records another version is refused before it is loaded (an error
 naming both, counted as a failed reload), never loaded and silently discarded; so is a version folder that
@@ -161,6 +162,7 @@ class Reloader:
         # Announce the new model before draining the old one: requests already see it, so must /metrics.
         self._metrics.model_reloads.labels("success").inc()
         self._metrics.serving(*runner.model_id, previous=None if draining is None else draining.model_id)
+        self._metrics.model_state(runner.step, runner.wall_time)
         if draining is None and self.on_change is not None:
             self.on_change(True)  # it was unloaded
         if draining is not None:
@@ -180,21 +182,26 @@ class Reloader:
             self._thread.join()
 
     def _watch(self) -> None:
-        assert self._watch_dir is not None
         while not self._stop.wait(self._interval_s):
-            newest = newest_version_dir(self._watch_dir)
-            current = self._core.current
-            if newest is None or (current is not None and newest == current.package_dir):
-                continue
-            try:
-                stamp = (
-                    newest,
-                    tuple((f.name, f.stat().st_size, f.stat().st_mtime) for f in sorted(newest.iterdir())),
-                )
-            except FileNotFoundError:
-                continue
-            if stamp in self._tried:
-                continue
-            self._tried.add(stamp)
-            with contextlib.suppress(PackageError):  # logged and counted by reload(); the old model serves on
-                self.reload(newest)
+            self.poll()
+
+    def poll(self) -> None:
+        """One scan of the watch dir: swaps in its newest version when that is new and was not tried before
+        with the same files (``--watch``'s thread, and ``--follow``'s before it looks for deltas)."""
+        assert self._watch_dir is not None
+        newest = newest_version_dir(self._watch_dir)
+        current = self._core.current
+        if newest is None or (current is not None and newest == current.package_dir):
+            return
+        try:
+            stamp = (
+                newest,
+                tuple((f.name, f.stat().st_size, f.stat().st_mtime) for f in sorted(newest.iterdir())),
+            )
+        except FileNotFoundError:
+            return
+        if stamp in self._tried:
+            return
+        self._tried.add(stamp)
+        with contextlib.suppress(PackageError):  # logged and counted by reload(); the old model serves on
+            self.reload(newest)
