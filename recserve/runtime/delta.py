@@ -12,6 +12,7 @@ verifies; ``recserve.export.delta`` writes; ``Predictor.apply_delta`` serves. Fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 from torch import Tensor
 
 from recserve.errors import PackageError
@@ -103,8 +104,8 @@ def read_delta(
         sequence=data["sequence"],
         step=data["step"],
         wall_time=float(data["wall_time"]),
-        rows=_read_rows(path / ROWS_FILE, base, counts),
-        dense=_read_dense(path / DENSE_FILE, base),
+        rows=_read_rows(path / ROWS_FILE, base, counts, files[ROWS_FILE]["sha256"]),
+        dense=_read_dense(path / DENSE_FILE, base, files[DENSE_FILE]["sha256"]),
         model_name=base.model_name,
         base_manifest_sha256=base_manifest_sha256,
         path=path,
@@ -183,7 +184,9 @@ def _table_counts(tables: Any, where: Path, base: PackageManifest) -> dict[str, 
     return counts
 
 
-def _read_rows(path: Path, base: PackageManifest, counts: dict[str, int]) -> dict[str, tuple[Tensor, Tensor]]:
+def _read_rows(
+    path: Path, base: PackageManifest, counts: dict[str, int], sha256: str
+) -> dict[str, tuple[Tensor, Tensor]]:
     """The changed rows, after checking the header against the base (names, dtypes, widths) and the ids
     (sorted, unique, inside their tables)."""
     stored = check_safetensors_file(path)
@@ -204,7 +207,7 @@ def _read_rows(path: Path, base: PackageManifest, counts: dict[str, int]) -> dic
             raise PackageError(
                 f"{path}: {key}: {got.dtype} {list(got.shape)}, the base's table needs {dtype} {list(shape)}"
             )
-    tensors = _load(path)
+    tensors = _load(path, sha256)
     rows = {}
     for name, n in counts.items():
         if not n:
@@ -220,7 +223,7 @@ def _read_rows(path: Path, base: PackageManifest, counts: dict[str, int]) -> dic
     return rows
 
 
-def _read_dense(path: Path, base: PackageManifest) -> dict[str, Tensor]:
+def _read_dense(path: Path, base: PackageManifest, sha256: str) -> dict[str, Tensor]:
     """The dense state, every tensor in the base's dense dtype (``Predictor.apply_delta`` checks names and
     shapes against the model)."""
     stored = check_safetensors_file(path)
@@ -234,15 +237,24 @@ def _read_dense(path: Path, base: PackageManifest) -> dict[str, Tensor]:
             raise PackageError(
                 f"{path}: {key}: dtype {spec.dtype}, the base's dense part is {base.dense_dtype}"
             )
-    return _load(path)
+    return _load(path, sha256)
 
 
-def _load(path: Path) -> dict[str, Tensor]:
-    """The tensors, copied out of the file's mapping (a verified delta must not change under its reader, and
-    a retired delta's files may be truncated or reused)."""
+def _load(path: Path, sha256: str) -> dict[str, Tensor]:
+    """The tensors, parsed from one read of the file's bytes, which must hash to the manifest's ``sha256``:
+    never mapped (a file truncated under a mapping ends the reading process with SIGBUS) and never read
+    twice (the bytes loaded are the bytes verified)."""
     try:
-        return {k: v.clone() for k, v in load_file(str(path)).items()}
-    except (SafetensorError, OSError) as error:
+        data = path.read_bytes()
+    except OSError as error:
+        raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise PackageError(
+            f"{path}: changed after it was verified (sha256 no longer matches {MANIFEST_FILE})"
+        )
+    try:
+        return dict(load(data))
+    except SafetensorError as error:
         raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
 
 
