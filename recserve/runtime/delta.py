@@ -238,8 +238,10 @@ def _read_dense(path: Path, base: PackageManifest) -> dict[str, Tensor]:
 
 
 def _load(path: Path) -> dict[str, Tensor]:
+    """The tensors, copied out of the file's mapping (a verified delta must not change under its reader, and
+    a retired delta's files may be truncated or reused)."""
     try:
-        return load_file(str(path))
+        return {k: v.clone() for k, v in load_file(str(path)).items()}
     except (SafetensorError, OSError) as error:
         raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
 

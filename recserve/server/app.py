@@ -29,6 +29,7 @@ from recserve.server.budget import MemoryBudget
 from recserve.server.config import ServeConfig
 from recserve.server.control import ModelControl, SharedControl
 from recserve.server.core import InferenceCore
+from recserve.server.follow import Follower
 from recserve.server.handlers import DecodeFailureLog, add_service
 from recserve.server.metrics import ServerMetrics, start_metrics_http_server
 from recserve.server.oip import InferenceServicer
@@ -111,20 +112,28 @@ class RecServer:
     def __init__(self, cfg: ServeConfig, metrics: ServerMetrics | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics or ServerMetrics()
-        package = cfg.package if cfg.package is not None else newest_version_dir(Path(cfg.watch))
+        versions = cfg.versions_dir
+        package = cfg.package if cfg.package is not None else newest_version_dir(Path(versions))
         if package is None:
-            raise StartupError(f"--watch {cfg.watch}: no numbered version directory holds a manifest.json")
-        check_version_dir(Path(package), cfg.watch)
+            flag = "--watch" if cfg.watch is not None else "--follow"
+            raise StartupError(f"{flag} {versions}: no numbered version directory holds a manifest.json")
+        check_version_dir(Path(package), versions)
         bc = cfg.batcher_config()
-        runner = load_runner(Path(package), bc, self.metrics, cfg.device, cfg.dense_dtype)
+        # --follow: every base loaded (this one, and each one after) first catches up on its deltas.
+        self.follower = None
+        if cfg.follow is not None:
+            self.follower = Follower(cfg.follow, self.metrics, interval_s=cfg.follow_interval_s)
+
+        def load(path: Path) -> ModelRunner:
+            runner = load_runner(path, bc, self.metrics, cfg.device, cfg.dense_dtype)
+            return runner if self.follower is None else self.follower.load(runner)
+
+        runner = load(Path(package))
         self.core = InferenceCore(runner)
         self.metrics.serving(*runner.model_id)
+        self.metrics.model_state(runner.step, runner.wall_time)
         self.reloader = Reloader(
-            self.core,
-            lambda p: load_runner(p, bc, self.metrics, cfg.device, cfg.dense_dtype),
-            self.metrics,
-            watch_dir=cfg.watch,
-            interval_s=cfg.watch_interval_s,
+            self.core, load, self.metrics, watch_dir=versions, interval_s=cfg.watch_interval_s
         )
         # Reload, load and unload change the model of every worker, whichever one the call reached.
         self.control: ModelControl = self.reloader
@@ -134,7 +143,7 @@ class RecServer:
             self.core,
             self.control,
             cfg.effective_reload_root,
-            polling=cfg.watch is not None,
+            polling=versions is not None,
             explicit=cfg.model_control == "explicit",
             token=cfg.admin_token,
         )
@@ -260,12 +269,16 @@ class RecServer:
                 cfg.metrics_port,
                 lambda: start_metrics_http_server(cfg.metrics_port, cfg.metrics_host, self.metrics.registry),
             )
-        self.reloader.start_watching()
+        if self.follower is not None:
+            self.follower.start(self.reloader.poll, lambda: self.core.current)
+        elif cfg.watch is not None:
+            self.reloader.start_watching()
         for name in HEALTH_SERVICES:
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
             "serving %s %s on %s:%d (pid %d, %s)",
-            *self.core.runner.model_id,
+            self.core.runner.schema.model_name,
+            self.core.runner.version,
             cfg.host,
             self.port,
             os.getpid(),
@@ -304,6 +317,8 @@ class RecServer:
         self.health.enter_graceful_shutdown()
         if self._admin is not None:
             self._admin.stop(grace=None)
+        if self.follower is not None:
+            self.follower.stop()  # before the reloader: it swaps in new bases through it
         self.reloader.stop()
         if isinstance(self.control, SharedControl):
             self.control.stop()

@@ -19,7 +19,9 @@ def _add_serve(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve a model package over gRPC (recserve.v1 + Open Inference v2)"
     )
-    p.add_argument("--package", type=Path, help="model package dir (optional with --watch)")
+    p.add_argument(
+        "--package", type=Path, help="model package dir (optional with --watch; not with --follow)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: %(default)s)")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus /metrics port; -1 turns it off")
@@ -127,6 +129,20 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--tls-client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
     p.add_argument("--watch", type=Path, help="dir of numbered package versions; the newest is served")
     p.add_argument("--watch-interval", type=float, default=2.0, help="seconds between --watch scans")
+    p.add_argument(
+        "--follow",
+        type=Path,
+        metavar="DIR",
+        help="a trainer's publish dir (instead of --package or --watch): serve the newest base DIR/<N> with "
+        "its deltas DIR/<N>-deltas/<SEQ>, apply each new delta between batches and swap in each new base; "
+        'replies say model_version "N.SEQ" (docs/online.md)',
+    )
+    p.add_argument(
+        "--follow-interval",
+        type=float,
+        default=0.2,
+        help="seconds between --follow scans for new deltas and bases (default %(default)s)",
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight RPCs get on SIGTERM")
     p.add_argument("--device", default="cpu")
     p.add_argument(
@@ -211,6 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
         tls_client_ca=args.tls_client_ca,
         watch=args.watch,
         watch_interval_s=args.watch_interval,
+        follow=args.follow,
+        follow_interval_s=args.follow_interval,
         drain_timeout_s=args.drain_timeout,
         device=args.device,
         dense_dtype=args.dense_dtype,

@@ -54,7 +54,8 @@ _VERSION = "/v2/models/{model}/versions/{version}"
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """Server options; ``package`` may be None when ``watch`` names a directory of versioned packages."""
+    """Server options; ``package`` is None when ``watch`` names a directory of versioned packages or
+    ``follow`` a publish directory (bases and their deltas, docs/online.md)."""
 
     package: Path | None = None
     host: str = "127.0.0.1"
@@ -93,6 +94,9 @@ class ServeConfig:
     tls_client_ca: Path | None = None
     watch: Path | None = None
     watch_interval_s: float = 2.0
+    # A trainer's publish dir: its newest base, then each delta as it lands (recserve.server.follow).
+    follow: Path | None = None
+    follow_interval_s: float = 0.2
     drain_timeout_s: float = 30.0
     device: str = "cpu"
     dense_dtype: str | None = None  # auto / fp32 / bf16 (recserve.runtime.dense_precision); None: auto
@@ -107,10 +111,7 @@ class ServeConfig:
     control_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.package is None and self.watch is None:
-            raise ServeConfigError(
-                "--package: required unless --watch names a directory of versioned packages"
-            )
+        self._check_source()
         if not 0 <= self.port <= 65535:
             raise ServeConfigError(f"--port: expected 0..65535, got {self.port}")
         if self.http_port is not None:
@@ -175,6 +176,29 @@ class ServeConfig:
         except ValueError as exc:
             raise ServeConfigError(f"batcher options: {exc}") from None
 
+    def _check_source(self) -> None:
+        """Exactly one of ``--package``, ``--watch`` (``--package`` may name the first version of it) and
+        ``--follow`` says what serves."""
+        if self.follow is not None:
+            if self.watch is not None:
+                raise ServeConfigError(
+                    "--follow and --watch: give one; --follow DIR already serves DIR's newest base (as "
+                    "--watch would) and applies its deltas as they land"
+                )
+            if self.package is not None:
+                raise ServeConfigError(
+                    "--follow and --package: give one; --follow DIR serves DIR's newest base package"
+                )
+            if not self.follow_interval_s > 0:
+                raise ServeConfigError(
+                    f"--follow-interval: expected seconds > 0, got {self.follow_interval_s}"
+                )
+        elif self.package is None and self.watch is None:
+            raise ServeConfigError(
+                "--package: required unless --watch names a directory of versioned packages or --follow a "
+                "publish directory"
+            )
+
     def _check_admin(self) -> None:
         if self.admin_port is None:
             return
@@ -205,9 +229,10 @@ class ServeConfig:
             )
         if self.model_control == "none":
             return
-        if self.watch is not None:
+        if self.versions_dir is not None:
+            flag = "--watch" if self.watch is not None else "--follow"
             raise ServeConfigError(
-                "--model-control explicit: --watch already decides what serves (Triton's poll mode); give one"
+                f"--model-control explicit: {flag} already decides what serves (Triton's poll mode); give one"
             )
         if not is_loopback(self.host) and self.admin_token is None and self.tls_client_ca is None:
             raise ServeConfigError(
@@ -215,6 +240,11 @@ class ServeConfig:
                 f"--host {self.host}; set --admin-token (or {ADMIN_TOKEN_ENV}) or --tls-client-ca, "
                 "or bind to 127.0.0.1"
             )
+
+    @property
+    def versions_dir(self) -> Path | None:
+        """The dir of numbered versions the server polls: ``--watch`` or ``--follow`` (None: neither)."""
+        return self.watch if self.watch is not None else self.follow
 
     @property
     def effective_max_inflight(self) -> int:
@@ -233,7 +263,7 @@ class ServeConfig:
     @property
     def effective_reload_root(self) -> Path | None:
         """The directory admin reloads may load from (symlinks resolved)."""
-        root = self.reload_root or self.watch or (Path(self.package).parent if self.package else None)
+        root = self.reload_root or self.versions_dir or (Path(self.package).parent if self.package else None)
         return None if root is None else Path(root).resolve()
 
     def http_limits(self) -> HttpLimits:

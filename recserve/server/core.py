@@ -36,7 +36,7 @@ _RESULT_GRACE_SECONDS = 1.0
 class InferenceResult:
     scores: Tensor  # [B] float32
     model_name: str
-    model_version: str
+    model_version: str  # the version that scored it: "N", or "N.SEQ" after deltas
     queue_seconds: float
     inference_seconds: float
     executed_batch_size: int
@@ -99,10 +99,12 @@ class InferenceCore:
                 f"model_name: {name!r} is not served here (serving {self._last_schema.model_name!r})"
             )
         runner = self.runner
-        if version and version != runner.schema.version:
+        # A base version names whatever delta of it serves; the version a reply named ("N.SEQ") is also
+        # taken while it still serves.
+        if version and version != runner.schema.version and version != runner.version:
             raise ModelNotFoundError(
                 f"model_version: {version!r} of {runner.schema.model_name!r} is not served "
-                f"(serving version {runner.schema.version!r})"
+                f"(serving version {runner.version!r})"
             )
         return runner
 
@@ -143,8 +145,14 @@ class InferenceCore:
             runner.stats.request_done(False, time.monotonic() - ticket.received)
             raise
         runner.stats.request_done(True, time.monotonic() - ticket.received, (done.queue_seconds,))
+        scored = done.result
         return InferenceResult(
-            done.result, *runner.model_id, done.queue_seconds, done.inference_seconds, done.batch_size
+            scored.scores,
+            runner.schema.model_name,
+            scored.version,
+            done.queue_seconds,
+            done.inference_seconds,
+            done.batch_size,
         )
 
     def wait_timeout(self, ticket: Ticket) -> float | None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,10 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+MODEL_TIMESTAMP = "recserve_model_timestamp_seconds"
+FRESHNESS = "recserve_model_freshness_seconds"
+# Why a delta was refused (recserve.server.follow): the labels of recserve_model_deltas_refused_total.
+DELTA_REFUSALS = ("sequence", "base", "invalid", "apply")
 
 
 class ServerMetrics:
@@ -76,6 +82,30 @@ class ServerMetrics:
         self.model_reloads = Counter(
             "recserve_model_reloads", "Model loads after start, by result", ["result"], registry=r
         )
+        # The version serving: livemin, so that with several workers the page shows the one furthest behind.
+        self.model_step = Gauge(
+            "recserve_model_step",
+            "Training step of the model version serving (its newest delta's, else its base's)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.model_timestamp = Gauge(
+            MODEL_TIMESTAMP,
+            "Unix time at which the trainer read the rows of the version serving (its newest delta's)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.deltas_applied = Counter(
+            "recserve_model_deltas_applied", "Deltas applied to the served base (--follow)", registry=r
+        )
+        self.deltas_refused = Counter(
+            "recserve_model_deltas_refused",
+            "Deltas refused (--follow), by reason: " + ", ".join(DELTA_REFUSALS),
+            ["reason"],
+            registry=r,
+        )
+        self._wall_time: float | None = None
+        r.register(_Freshness(lambda: self._wall_time))
 
     # BatchObserver
     def queue_depth(self, requests: int) -> None:
@@ -94,6 +124,48 @@ class ServerMetrics:
             self.model_info.labels(*previous).set(0)
         self.model_info.labels(model, version).set(1)
 
+    def model_state(self, step: int | None, wall_time: float | None) -> None:
+        """The serving version's training step and its rows' wall time (None: the package does not say)."""
+        if step is not None:
+            self.model_step.set(step)
+        if wall_time is not None and wall_time > 0:
+            self.model_timestamp.set(wall_time)
+            self._wall_time = wall_time
+
+
+class _Freshness:
+    """``recserve_model_freshness_seconds`` at scrape time: now minus ``wall_time()`` (no sample while it is
+    unknown: a package that records no wall time, or a worker that has not reported one yet)."""
+
+    def __init__(self, wall_time) -> None:
+        self._wall_time = wall_time
+
+    def describe(self) -> list[Metric]:
+        return [_freshness_family()]
+
+    def collect(self) -> Iterator[Metric]:
+        wall_time = self._wall_time()
+        family = _freshness_family()
+        if wall_time is not None and wall_time > 0:
+            family.add_metric([], max(0.0, time.time() - wall_time))
+        yield family
+
+
+def _freshness_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        FRESHNESS, "Seconds since the trainer read the rows of the version serving (computed at scrape)"
+    )
+
+
+def _aggregated_wall_time(source) -> float | None:
+    """The stalest worker's ``recserve_model_timestamp_seconds`` from the multiprocess files (None if a
+    live worker has not reported one: livemin is then 0)."""
+    for family in source.collect():
+        if family.name == MODEL_TIMESTAMP:
+            values = [s.value for s in family.samples]
+            return min(values) if values else None
+    return None
+
 
 def start_metrics_http_server(port: int, host: str, registry: CollectorRegistry | None) -> object:
     """Serves ``/metrics`` on ``host:port``; ``registry=None`` aggregates the worker processes' files.
@@ -104,7 +176,8 @@ def start_metrics_http_server(port: int, host: str, registry: CollectorRegistry 
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        collector = multiprocess.MultiProcessCollector(registry)
+        registry.register(_Freshness(lambda: _aggregated_wall_time(collector)))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     logger.info("metrics on http://%s:%d/metrics", host, server.server_port)
     return server

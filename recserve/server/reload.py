@@ -161,6 +161,7 @@ class Reloader:
         # Announce the new model before draining the old one: requests already see it, so must /metrics.
         self._metrics.model_reloads.labels("success").inc()
         self._metrics.serving(*runner.model_id, previous=None if draining is None else draining.model_id)
+        self._metrics.model_state(runner.step, runner.wall_time)
         if draining is None and self.on_change is not None:
             self.on_change(True)  # it was unloaded
         if draining is not None:
@@ -180,21 +181,26 @@ class Reloader:
             self._thread.join()
 
     def _watch(self) -> None:
-        assert self._watch_dir is not None
         while not self._stop.wait(self._interval_s):
-            newest = newest_version_dir(self._watch_dir)
-            current = self._core.current
-            if newest is None or (current is not None and newest == current.package_dir):
-                continue
-            try:
-                stamp = (
-                    newest,
-                    tuple((f.name, f.stat().st_size, f.stat().st_mtime) for f in sorted(newest.iterdir())),
-                )
-            except FileNotFoundError:
-                continue
-            if stamp in self._tried:
-                continue
-            self._tried.add(stamp)
-            with contextlib.suppress(PackageError):  # logged and counted by reload(); the old model serves on
-                self.reload(newest)
+            self.poll()
+
+    def poll(self) -> None:
+        """One scan of the watch dir: swaps in its newest version when that is new and was not tried before
+        with the same files (``--watch``'s thread, and ``--follow``'s before it looks for deltas)."""
+        assert self._watch_dir is not None
+        newest = newest_version_dir(self._watch_dir)
+        current = self._core.current
+        if newest is None or (current is not None and newest == current.package_dir):
+            return
+        try:
+            stamp = (
+                newest,
+                tuple((f.name, f.stat().st_size, f.stat().st_mtime) for f in sorted(newest.iterdir())),
+            )
+        except FileNotFoundError:
+            return
+        if stamp in self._tried:
+            return
+        self._tried.add(stamp)
+        with contextlib.suppress(PackageError):  # logged and counted by reload(); the old model serves on
+            self.reload(newest)

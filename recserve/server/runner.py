@@ -3,15 +3,21 @@
 A batch is scored by :class:`recserve.server.scoring.BatchScorer`: merged into one KeyedJaggedTensor (per
 key, the requests' rows one after another), scored by one ``predictor.predict`` call, split back per
 request.
+
+A runner that follows training (``recserve serve --follow``) changes its predictor between batches: a delta
+is applied under the same turn the batch function holds (:meth:`ModelRunner.between_batches`), so every batch
+is scored by exactly one version, and each reply carries the version that scored it (:class:`Scored`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -23,9 +29,19 @@ from recserve.server.scoring import BatchItem, BatchScorer, PredictorLike, merge
 from recserve.server.stats import ModelStats
 from recserve.server.validation import ModelSchema, check_request
 
-__all__ = ["BatchItem", "ModelRunner", "PredictorLike", "merge_requests"]
+__all__ = ["BatchItem", "ModelRunner", "PredictorLike", "Scored", "merge_requests"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Scored(NamedTuple):
+    """A request's ``[B]`` scores and the model version (``"N"``, or ``"N.SEQ"`` after deltas) that scored
+    them: read in the batch's turn, so a delta applied meanwhile cannot make the reply name another."""
+
+    scores: Tensor
+    version: str
 
 
 def _feature_dtypes(package_dir: Path | None, table_dtypes: dict[str, str]) -> dict[str, str]:
@@ -57,8 +73,11 @@ class ModelRunner:
         self.feature_dtypes = _feature_dtypes(package_dir, predictor.metadata.table_dtypes)
         self.stats = ModelStats()
         self.oip_layout = OipLayout(self.schema)  # where the usual OIP request's inputs go (parts.py)
-        self.batcher: DynamicBatcher[BatchItem, Tensor | Exception] = DynamicBatcher(
-            self._predict_batch,
+        # Held by each batch and by each change of the predictor between batches (a delta); uncontended
+        # but for those changes, since the batcher runs one batch at a time.
+        self._turn = threading.Lock()
+        self.batcher: DynamicBatcher[BatchItem, Scored | Exception] = DynamicBatcher(
+            self._run_batch,
             batcher_config,
             observer=observer,
             name=f"batcher-{self.schema.model_name}-{self.schema.version}",
@@ -70,8 +89,35 @@ class ModelRunner:
 
     def submit(self, request: BatchItem, deadline: float | None) -> Future:
         """Queues a checked request, or parts cut for this schema (checked with their batch); the future
-        yields ``Completed`` with the request's ``[B]`` scores, or the error the request gets."""
+        yields ``Completed`` with the request's :class:`Scored`, or the error the request gets."""
         return self.batcher.submit(request, size=request.batch_size, deadline=deadline)
+
+    @property
+    def version(self) -> str:
+        """The version serving now: the predictor's ``model_version`` (``"N.SEQ"`` once deltas applied), or
+        the package's version for a predictor without deltas."""
+        return getattr(self.predictor, "model_version", self.schema.version)
+
+    @property
+    def step(self) -> int | None:
+        """The training step of the version serving (None: the package does not say)."""
+        return getattr(self.predictor, "model_step", None)
+
+    @property
+    def wall_time(self) -> float | None:
+        """When the trainer read the rows of the version serving (unix seconds; None: unknown)."""
+        return getattr(self.predictor, "wall_time", None)
+
+    def between_batches(self, change: Callable[[], T]) -> T:
+        """Runs ``change`` (e.g. ``predictor.apply_delta``) while no batch is scored; the next one sees it."""
+        with self._turn:
+            return change()
+
+    def _run_batch(self, items: list[BatchItem]) -> list[Scored | Exception]:
+        with self._turn:
+            version = self.version
+            out = self._predict_batch(items)
+        return [x if isinstance(x, Exception) else Scored(x, version) for x in out]
 
     def _predict_batch(self, items: list[BatchItem], *, record: bool = True) -> list[Tensor | Exception]:
         out, times = self.scorer(items)
@@ -93,7 +139,8 @@ class ModelRunner:
             values=torch.zeros(num_keys * batch_size, dtype=torch.int64),
         )
         start = time.monotonic()
-        self._predict_batch([check_request(arrays, s)], record=False)
+        with self._turn:
+            self._predict_batch([check_request(arrays, s)], record=False)
         logger.info("warmed up %s %s in %.1f ms", *self.model_id, (time.monotonic() - start) * 1e3)
 
     def close(self, timeout: float | None = None) -> None:

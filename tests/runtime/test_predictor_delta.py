@@ -4,13 +4,16 @@ writes the shared base rows, and a refused delta leaves the predictor serving wh
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from recserve.errors import PackageError
 from recserve.runtime import Predictor, QuantEmbeddingBagCollection
 from recserve.runtime.delta import list_stream, manifest_sha256, read_delta
 from recserve.runtime.layout import TableDType, row_bytes
-from recserve.runtime.package import read_manifest
+from recserve.runtime.package import read_manifest, verify_files
 from rectrain.sparse import KeyedJaggedTensor
 from tests.export.common import request
 from tests.runtime.delta_common import CFG, make_stream, split_capacity
@@ -57,6 +60,8 @@ def test_deltas_predict_like_a_full_export(tmp_path, dtype, placement):
     if placement == "row-split":
         assert read_manifest(stream.base).placement.is_split("t3")
     predictor = Predictor.load(stream.base)
+    dense, kjt = request(CFG, 64, seed=3)
+    base_logits = predictor.predict_logits(dense, kjt)
     stream.publish_delta(seed=11)
     stream.publish_delta(seed=12, tables=("t0", "t3"))
     follow(predictor, stream.publish)
@@ -64,6 +69,135 @@ def test_deltas_predict_like_a_full_export(tmp_path, dtype, placement):
     assert predictor.wall_time == 1e9 + 2
     full = Predictor.load(stream.full_export(tmp_path / "full"))
     assert_same_predictions(predictor, full)
-    dense, kjt = request(CFG, 64, seed=3)
-    base_logits = Predictor.load(stream.base).predict_logits(dense, kjt)
     assert not torch.equal(base_logits, full.predict_logits(dense, kjt))  # the deltas mattered
+
+
+def _mean_cfg():
+    """CFG with t3 (split over cpu:0 and cpu:1, shares feature f0 with t0) pooled MEAN: its kernels pool SUM
+    and the collection divides by the whole bag's length."""
+    tables = [dataclasses.replace(t, pooling="MEAN") if t.name == "t3" else t for t in CFG.tables]
+    return dataclasses.replace(CFG, tables=tables)
+
+
+@pytest.mark.parametrize(
+    "cfg, options",
+    [
+        (CFG, {"dtype": "int8", "table_dtypes": {"t0": "fp16", "t3": "int4", "t1": "int2"}}),
+        (_mean_cfg(), {"dtype": "int8", **PLACEMENTS["row-split"]("int8")}),
+        (CFG, {"dtype": "int4", "dense_dtype": "bf16"}),
+    ],
+    ids=["mixed widths in one kernel", "MEAN table split over devices", "int4 tables, bf16 dense part"],
+)
+def test_more_layouts_predict_like_a_full_export(tmp_path, cfg, options):
+    stream = make_stream(tmp_path / "publish", cfg, **options)
+    predictor = Predictor.load(stream.base)
+    for seed in (21, 22, 23):
+        stream.publish_delta(seed)
+    follow(predictor, stream.publish)
+    assert predictor.model_version == "1.3"
+    assert_same_predictions(predictor, Predictor.load(stream.full_export(tmp_path / "full")), cfg)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A predictor on base 1 with delta 1 applied, delta 2 published, and a full export of state 2."""
+    tmp = tmp_path_factory.mktemp("served")
+    stream = make_stream(tmp / "publish", **PLACEMENTS["row-split"]("int8"))
+    stream.publish_delta(seed=31)
+    predictor = follow(Predictor.load(stream.base), stream.publish)
+    stream.publish_delta(seed=32)
+    return stream, predictor, stream.full_export(tmp / "full")
+
+
+def _next(stream):
+    base, deltas = list_stream(stream.publish)
+    return read_delta(deltas[1], read_manifest(base), manifest_sha256(base), 2)
+
+
+def _wrong_width(delta):
+    ids, rows = delta.rows["t0"]
+    return dataclasses.replace(delta, rows={**delta.rows, "t0": (ids, rows[:, :8])})
+
+
+def _out_of_range(delta):
+    ids, rows = delta.rows["t3"]
+    return dataclasses.replace(delta, rows={**delta.rows, "t3": (ids + 80, rows)})
+
+
+def _dense_shape(delta):
+    key = next(iter(delta.dense))
+    return dataclasses.replace(delta, dense={**delta.dense, key: delta.dense[key][:1]})
+
+
+REFUSED = {
+    "skipped sequence": (lambda d: dataclasses.replace(d, sequence=3), r"sequence 3, expected 2"),
+    "foreign base": (
+        lambda d: dataclasses.replace(d, base_manifest_sha256="0" * 64),
+        r"base_manifest_sha256 '0{64}' is not the served base's",
+    ),
+    "other base version": (lambda d: dataclasses.replace(d, base_version="7"), r"base_version '7'"),
+    "wrong row width": (_wrong_width, r"rows must be uint8 \[n, 12\], got torch.uint8 \(\d+, 8\)"),
+    "id out of range": (_out_of_range, r"rows.safetensors: t3.ids: outside the table's rows \[0, 80\)"),
+    "dense shape": (_dense_shape, r"dense.safetensors: .*: shape \[1"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_refused_delta_leaves_the_predictor_serving_what_it_served(served, case):
+    stream, predictor, _ = served
+    spoil, message = REFUSED[case]
+    dense, kjt = request(CFG, 40, seed=8)
+    before, overlay = predictor.predict_logits(dense, kjt), predictor.overlay_bytes
+    with pytest.raises(PackageError, match=message):
+        predictor.apply_delta(spoil(_next(stream)))
+    assert predictor.model_version == "1.1" and predictor.model_step == 100
+    assert predictor.overlay_bytes == overlay
+    assert torch.equal(predictor.predict_logits(dense, kjt), before)
+
+
+def test_the_next_good_delta_applies_after_refusals(served):
+    stream, predictor, full = served
+    bad = dataclasses.replace(_next(stream), sequence=3)
+    with pytest.raises(PackageError):
+        predictor.apply_delta(bad)
+    predictor.apply_delta(_next(stream))
+    assert predictor.model_version == "1.2"
+    assert_same_predictions(predictor, Predictor.load(full))
+    with pytest.raises(PackageError, match="sequence 2, expected 3"):
+        predictor.apply_delta(_next(stream))  # the same delta twice
+
+
+def test_base_rows_stay_shared_and_unwritten_and_the_overlay_is_the_union(tmp_path):
+    stream = make_stream(tmp_path / "publish")
+    predictor = Predictor.load(stream.base)
+    lookups = next(m for m in predictor.model.modules() if isinstance(m, QuantEmbeddingBagCollection))
+    kernels = [lookup.tbe for lookup in lookups._lookups]
+    mapped = [(k.weights_host.data_ptr(), k.weights_host.clone()) for k in kernels]
+    total = 0
+    for seed in (41, 42):
+        path = stream.publish_delta(seed)
+        base, deltas = list_stream(stream.publish)
+        delta = read_delta(path, read_manifest(base), manifest_sha256(base), len(deltas))
+        total += sum(ids.nbytes + rows.nbytes for ids, rows in delta.rows.values())
+        predictor.apply_delta(delta)
+        assert predictor.overlay_bytes <= total  # the union: rows changed twice are held once
+    request_batch = request(CFG, 64, seed=4)
+    predictor.predict_logits(*request_batch)
+    for kernel, (pointer, content) in zip(kernels, mapped):
+        assert kernel.weights_host.data_ptr() == pointer  # still the package's mapping, not a copy
+        assert torch.equal(kernel.weights_host, content)
+    verify_files(stream.base, read_manifest(stream.base))  # the files are as exported
+
+
+def test_empty_batches_and_empty_bags_after_deltas(served):
+    stream, predictor, full = served
+    want, predictor = Predictor.load(full), follow(predictor, stream.publish)
+    keys = ["f0", "f1", "g1", "f2", "f3"]
+    for batch in (2, 0):  # every bag empty; no example at all
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys,
+            values=torch.tensor([], dtype=torch.int64),
+            lengths=torch.zeros(5 * batch, dtype=torch.int64),
+        )
+        dense = torch.randn(batch, CFG.dense_in_features)
+        assert torch.equal(predictor.predict_logits(dense, kjt), want.predict_logits(dense, kjt))
