@@ -35,6 +35,7 @@ TABLES: dict[str, list[str]] = {
         "apply p99 / steady p99",
         "train throughput publishing / not",
     ],
+    "delta_overlay": ["overlay vs plain lookups", "overlay vs plain predict"],
 }
 
 

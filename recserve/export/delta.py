@@ -65,6 +65,11 @@ def write_delta(
         base = read_manifest(base_dir)
     except PackageError as error:
         raise ExportError(f"write_delta: base_version {base_version!r}: {error}") from None
+    if base.version != str(base_version):
+        raise ExportError(
+            f"{base_dir}: its manifest's version is {base.version!r}; a base in a publish directory lives in "
+            "the folder named by its version"
+        )
     if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 1:
         raise ExportError(f"write_delta: sequence must be an integer >= 1, got {sequence!r}")
     if isinstance(step, bool) or not isinstance(step, int):

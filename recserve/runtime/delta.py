@@ -90,7 +90,7 @@ def read_delta(
     where = path / MANIFEST_FILE
     data = _read_json(where)
     _check_identity(data, where, base, base_manifest_sha256, expected_sequence)
-    if path.name.isdigit() and int(path.name) != data["sequence"]:
+    if _is_number(path.name) and int(path.name) != data["sequence"]:
         raise PackageError(f"{where}: sequence {data['sequence']} but the folder is named {path.name!r}")
     counts = _table_counts(data.get("tables"), where, base)
     files = data.get("files")

@@ -5,7 +5,7 @@ model's tables, and its dense state fits the dense part (names, shapes), convert
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +112,3 @@ def copy_dense(pairs: Sequence[tuple[Tensor, Tensor]]) -> None:
 def _plain_name(key: str) -> str:
     """A state-dict key without ``torch.compile``'s ``_orig_mod`` (``compile_dense`` wraps modules)."""
     return key.replace("._orig_mod.", ".").removeprefix("_orig_mod.")
-
-
-def rows_nbytes(rows: Mapping[str, tuple[Tensor, Tensor]]) -> int:
-    return sum(ids.nbytes + r.nbytes for ids, r in rows.values())

@@ -24,11 +24,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-DENSE_DTYPES = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}  # manifest name -> dtype
+# A manifest's dense_dtype -> the torch dtype the dense part is stored and runs in.
+DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 ENV = "RECSERVE_DENSE_DTYPE"
 CHOICES = ("auto", "fp32", "bf16")

@@ -2,6 +2,7 @@
 
     predictor = Predictor.load("pkg/")            # verifies checksums, builds kernels and the dense part
     scores = predictor.predict(dense, kjt)        # [B] float32, sigmoid of the logits
+    predictor.apply_delta(read_delta(...))        # a model delta (recserve.runtime.delta): version "N.SEQ"
 
 ``predict`` may be called from several threads at once: it runs under ``torch.inference_mode`` and the model
 keeps no per-call state (the FBGEMM int-N kernels read their weights only).

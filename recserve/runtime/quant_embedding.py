@@ -4,7 +4,10 @@ Each serving device runs one FBGEMM ``IntNBitTableBatchedEmbeddingBagsCodegen`` 
 table shards placed there (int8/int4/int2/fp16/fp32 rows may mix in one kernel). A KJT is routed once into
 per-kernel inputs; ids of a row-wise shard are filtered to its row range and re-based. The kernel outputs are
 gathered on the output device and put in table order; partial sums of a split table are added (its MEAN
-pooling is done as SUM and divided by the whole bag length afterwards).
+pooling is done as SUM and divided by the whole bag length afterwards). Rows changed by model deltas since the
+package are served from a per-kernel overlay (``overlays_with`` prepares, ``use_overlays`` swaps in; see
+``overlay``): a kernel with changed rows runs over a per-batch compact table, the others read their rows in
+place.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ converts it, and bad input refused with the table or field named and nothing pub
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -112,6 +113,10 @@ def test_bad_dense_state_sequence_and_base_are_refused(stream):
         write_delta(stream.publish, "1", 0, 1, rows, dense)
     with pytest.raises(ExportError, match="base_version '7'"):
         write_delta(stream.publish, "7", 1, 1, rows, dense)
+    shutil.copytree(stream.base, stream.publish / "5")
+    with pytest.raises(ExportError, match="its manifest's version is '1'"):
+        write_delta(stream.publish, "5", 1, 1, rows, dense)
+    shutil.rmtree(stream.publish / "5")
     published = write_delta(stream.publish, "1", nxt, 1, rows, dense)
     with pytest.raises(ExportError, match="already published"):
         write_delta(stream.publish, "1", nxt, 1, rows, dense)

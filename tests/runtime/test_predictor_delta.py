@@ -201,3 +201,11 @@ def test_empty_batches_and_empty_bags_after_deltas(served):
         )
         dense = torch.randn(batch, CFG.dense_in_features)
         assert torch.equal(predictor.predict_logits(dense, kjt), want.predict_logits(dense, kjt))
+
+
+def test_a_delta_of_the_dense_part_alone(tmp_path):
+    stream = make_stream(tmp_path / "publish")
+    stream.publish_delta(seed=51, tables=())
+    predictor = follow(Predictor.load(stream.base), stream.publish)
+    assert predictor.model_version == "1.1" and predictor.overlay_bytes == 0
+    assert_same_predictions(predictor, Predictor.load(stream.full_export(tmp_path / "full")))

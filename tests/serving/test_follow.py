@@ -84,6 +84,20 @@ def publish_delta(training: Training, publish: Path, base: str, seq: int, **kwar
     )
 
 
+def place_corrupted(publish: Path, scratch: Path, base: str, seq: int, rows: dict, dense: dict) -> Path:
+    """Delta ``seq`` written beside ``publish`` (its base linked there), a bit of its rows flipped, then
+    renamed into ``publish``."""
+    scratch.mkdir()
+    (scratch / base).symlink_to(publish / base, target_is_directory=True)
+    staged = write_delta(scratch, base, seq, step=100 + seq, rows=rows, dense_state=dense)
+    data = bytearray((staged / "rows.safetensors").read_bytes())
+    data[-1] ^= 1
+    (staged / "rows.safetensors").write_bytes(bytes(data))
+    placed = publish / staged.relative_to(scratch)  # <base>-deltas/<SEQ>
+    placed.parent.mkdir(exist_ok=True)
+    return staged.rename(placed)
+
+
 def reference_scores(training: Training, tmp: Path) -> torch.Tensor:
     package = training.export(tmp / f"reference-{training.step_count}", "1")
     return Predictor.load(package, dense_dtype="fp32").predict(*BATCH)
@@ -126,6 +140,9 @@ def test_deltas_move_the_version_and_score_as_a_full_export_and_a_restart_resume
         oip = oip_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
         assert oip.ModelInfer(infer_request(*BATCH, raw=True)).model_version == "1.2"
         metrics, later = scrape(server), scrape(server)
+        # The worker holds the changed rows only (its overlay), never a copy of a table.
+        delta_files = sum(f.stat().st_size for f in (publish / "1-deltas").glob("*/rows.safetensors"))
+        assert 0 < server.core.runner.predictor.overlay_bytes <= delta_files
     print(f"freshness (delta written -> first reply at its version): {[round(f, 3) for f in freshness]} s")
     assert max(freshness) < 5.0
     assert metrics["recserve_model_step"][()] == 102
@@ -158,11 +175,10 @@ def test_refused_deltas_are_counted_once_and_the_last_good_version_serves(tmp_pa
         try:
             publish_delta(training, publish, "1", 1)
             assert wait_version(client, "1.1").model_version == "1.1"
-            # Delta 2 corrupted after it was placed: its checksum no longer matches.
+            # Delta 2 corrupted (a bit flipped after its checksum was taken), then placed whole: a file is
+            # never changed in place under a reader, which maps it.
             rows2, dense2 = training.step()
-            bad = write_delta(publish, "1", 2, step=102, rows=rows2, dense_state=dense2)
-            data = (bad / "rows.safetensors").read_bytes()
-            (bad / "rows.safetensors").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+            bad = place_corrupted(publish, tmp_path / "scratch", "1", 2, rows2, dense2)
             assert wait_for(lambda: refused(scrape(server), "invalid") == 1, 10)
             time.sleep(10 * INTERVAL)  # many scans: counted and logged once, not retried
             assert refused(scrape(server), "invalid") == 1
