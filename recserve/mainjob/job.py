@@ -168,11 +168,16 @@ def run_main_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary | Onl
     return summary
 
 
-def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: StageTimer) -> Path:
-    """Stages train, verify, export; returns the checkpoint's step directory."""
+def train_command(cfg: MainJobConfig, paths: JobPaths) -> list[str]:
+    """``torchrun`` of ``rectrain train`` on ``cfg.nproc`` local ranks with the job's run config."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc)]
     torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    train = [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
+    return [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
+
+
+def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: StageTimer) -> Path:
+    """Stages train, verify, export; returns the checkpoint's step directory."""
+    train = train_command(cfg, paths)
     ranks = f"{cfg.nproc} ranks (torchrun, device {cfg.device})"
     with timer.stage("train", f"DLRM, {cfg.steps} steps x {cfg.batch_size} x {ranks}"):
         output = run_stage("train", train, paths.logs)

@@ -1,25 +1,23 @@
 """The main job's online mode (``./run.sh --online``): a model that follows its data, served seconds behind.
 
-Stage order: data (run.toml, the probe's rows), train (a stream of Criteo files starts arriving in
-``OUT/stream``; 2-rank ``rectrain train`` follows it and publishes a base, then a delta every
-``publish_every_s``, to ``OUT/publish``), serve (``recserve serve --follow OUT/publish``), stream (a
-closed-loop load and the probe run on the server while the rest of the files arrive, the planted change among
-them; the trainer ends at the step that trains the last file and writes a final delta; the job waits until
-the server replies at that version), scrape, then the summary is printed and the server stopped (exit 0).
-The job fails (``MainJobError``, after the summary) when a request failed or the planted score did not rise.
+Stage order: data (run.toml, the probe's rows), train (2-rank ``rectrain train`` follows the empty
+``OUT/stream`` and publishes base 1 to ``OUT/publish``, then a delta every ``publish_every_s`` once it
+trains), serve (``recserve serve --follow OUT/publish``), stream (Criteo files arrive in ``OUT/stream``, the
+planted change among them, while a closed-loop load and the probe call the server; the trainer ends at the
+step that trains the last file and writes a final delta; the job waits until the server replies at that
+version), scrape, then the summary is printed and the server stopped (exit 0). The job fails
+(``MainJobError``, after the summary) when a request failed or the planted score did not rise.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
 
 from recserve.mainjob.config import JobPaths, MainJobConfig, MainJobError, run_config_text
-from recserve.mainjob.job import criteo_batch, prepare_out, scrape, serving_device
+from recserve.mainjob.job import criteo_batch, prepare_out, scrape, serving_device, train_command
 from recserve.mainjob.measure import PublishWatch, freshness_s, percentile, planted_rise
 from recserve.mainjob.stages import BackgroundStage, Echo, ServerProcess, StageTimer, cli, free_port
 from recserve.mainjob.stream import StreamWriter, write_probe_file
@@ -49,7 +47,7 @@ class _Run:
         # The change file waits for the probe's first score, so that there is a "before".
         gate_s = cfg.server_start_timeout_s
         self.writer = StreamWriter(cfg, paths.stream, self.probe.scored, gate_timeout_s=gate_s)
-        self.trainer = BackgroundStage("train", _train_command(cfg, paths), paths.logs)
+        self.trainer = BackgroundStage("train", train_command(cfg, paths), paths.logs)
         # One serving worker: the machine this runs on by default has 2 cores, and the trainer has 2 ranks.
         serve = [*cli("recserve"), "serve", "--follow", str(paths.publish), "--port", str(port)]
         serve += ["--metrics-port", str(metrics_port), "--admin-port", "-1", "--workers", "1"]
@@ -100,26 +98,14 @@ def _start(run: _Run, timer: StageTimer, running: ExitStack) -> None:
     with timer.stage("train", f"{cfg.nproc} ranks follow {paths.stream}, {publishing}; first base"):
         running.enter_context(run.watch)
         running.enter_context(run.trainer)
-        first_base = (
-            run.trainer.check_running,
-            cfg.server_start_timeout_s,
-            "published base",
-            run.trainer.log,
-        )
-        _wait_until(lambda: run.watch.bases, *first_base)
+        _wait_until(lambda: run.watch.bases, "published base", cfg.server_start_timeout_s, run.trainer)
     with timer.stage("serve", f"recserve serve --follow on {run.target}, metrics on {run.metrics_url}"):
         running.enter_context(run.server)  # stopped with SIGTERM when the job's block exits
 
 
-def _train_command(cfg: MainJobConfig, paths: JobPaths) -> list[str]:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc)]
-    torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    return [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
-
-
 def _follow_to_the_end(run: _Run) -> None:
     """Every file arrives, the trainer trains them all and exits 0, the server replies at its last delta."""
-    cfg, server = run.cfg, run.server
+    cfg = run.cfg
     run.writer.join(cfg.files * cfg.file_interval_s + cfg.server_start_timeout_s + 120)
     run.trainer.wait(timeout_s=300)
     run.watch.scan()
@@ -129,18 +115,18 @@ def _follow_to_the_end(run: _Run) -> None:
         newest = run.versions.newest()
         return newest is not None and version_key(newest) >= version_key(final)
 
-    _wait_until(served_final, server.check_running, 120, f"reply from the final version {final}", server.log)
+    _wait_until(served_final, f"reply from the final version {final}", 120, run.server)
 
 
 def _wait_until(
-    condition: Callable[[], object], check: Callable[[], None], timeout_s: float, what: str, log: Path
+    condition: Callable[[], object], what: str, timeout_s: float, process: BackgroundStage | ServerProcess
 ) -> None:
-    """Poll ``condition`` until true; ``check()`` raises if a process it needs has died."""
+    """Poll ``condition`` until true, raising if ``process`` (which makes it true) exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        check()
+        process.check_running()
         if time.monotonic() > deadline:
-            raise MainJobError(f"main job (online): no {what} after {timeout_s:.0f} s; see {log}")
+            raise MainJobError(f"main job (online): no {what} after {timeout_s:.0f} s; see {process.log}")
         time.sleep(0.1)
 
 

@@ -2,10 +2,10 @@
 
 Every reply names the model version that scored it (``"N"`` for base N, ``"N.SEQ"`` after delta SEQ);
 ``VersionLog`` keeps the first time each version replied, which is what freshness is measured against. The
-load is a few threads, each a ``PredictorClient`` sending its next request as soon as the last one replied
-(closed loop), with requests built from the server's schema as ``recserve loadgen`` builds them. The probe
-scores one fixed request (planted rows then control rows, so one version scores both halves) every
-``interval_s`` and records ``ProbeRecord``s.
+load is a few threads, each on its own channel sending its next request as soon as the last one replied
+(closed loop), with requests built from the server's schema as ``recserve loadgen`` builds them and sent
+prebuilt (little CPU for the callers). The probe scores one fixed request (planted rows then control rows,
+so one version scores both halves) every ``interval_s`` and records ``ProbeRecord``s.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import grpc
 import numpy as np
 
 from recserve.client import PredictorClient
+from recserve.client.client import open_channel
 from recserve.client.loadgen import build_requests
 from recserve.server.codec import scores_of
-from recserve.server.protos import pb2
+from recserve.server.protos import pb2, pb2_grpc
 from rectrain.models.batch import Batch
 
 
@@ -90,8 +91,8 @@ class ClosedLoop:
         self._threads.stop()
 
     def _loop(self, index: int, stop: threading.Event) -> None:
-        with PredictorClient(self.target, timeout=10.0) as client:
-            stub = client._predictor  # the prebuilt request as is; the reply's version is what is noted
+        with open_channel(self.target) as channel:
+            stub = pb2_grpc.PredictorStub(channel)
             i = index
             while not stop.is_set():
                 start = time.perf_counter()
