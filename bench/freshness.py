@@ -13,8 +13,11 @@ value last:
   (``deltas published before the server served``);
 - ``failed requests``;
 - ``apply p99 / steady p99``: reply latency within 0.25 s of a new version's first reply vs the rest;
-- ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (ids included);
+- ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (dim + 4: codes,
+  fp16 scale and bias); the files also hold each row's int64 id, so (dim + 12) / (dim + 4) is the floor;
 - ``train throughput publishing / not``: median examples/s of the logged windows, both runs past warm-up;
+  the publishing run shares the machine with the server and its callers, so on fewer cores than ranks +
+  workers + clients the ratio also holds their share of the CPUs, not only publishing's cost;
 - ``peak memory <process> MiB``: VmHWM of every trainer rank and serving worker.
 
     .venv/bin/python -m bench freshness [--rows 2000000] [--ranks 2] [--workers 2] [--publishes 30]
