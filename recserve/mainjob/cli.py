@@ -84,7 +84,7 @@ def config_from_args(args: argparse.Namespace) -> MainJobConfig:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the main job from parsed flags; SIGTERM is turned into Ctrl-C so the server is still stopped."""
-    from recserve.mainjob.job import run_main_job
+    from recserve.mainjob.modes import run_main_job
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     cfg = config_from_args(args)

@@ -21,7 +21,6 @@ from recserve.mainjob.config import JobPaths, MainJobConfig, MainJobError, run_c
 from recserve.mainjob.stages import Echo, ServerProcess, StageTimer, cli, free_port, run_stage
 from recserve.mainjob.summary import (
     MainJobSummary,
-    OnlineSummary,
     dir_mb,
     format_summary,
     last_eval,
@@ -128,13 +127,10 @@ def scrape(url: str, path: Path) -> str:
     return text
 
 
-def run_main_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary | OnlineSummary:
-    """Run every stage in order; return the summary (also ``OUT/summary.json``). Raises ``MainJobError``.
-    ``cfg.online`` runs the online mode (``recserve.mainjob.online``) instead."""
+def run_offline_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary:
+    """Run every stage in order; return the summary (also ``OUT/summary.json``). Raises ``MainJobError``."""
     if cfg.online:
-        from recserve.mainjob.online import run_online_job  # it builds on this module's stages
-
-        return run_online_job(cfg, echo)
+        raise MainJobError("main job: cfg.online is set; run it with recserve.mainjob.run_main_job")
     paths = prepare_out(cfg.out)
     timer = StageTimer(echo)
     with timer.stage("data", f"{cfg.rows:,} training + {cfg.heldout_rows:,} held-out rows -> {paths.data}"):

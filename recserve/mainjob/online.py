@@ -49,8 +49,13 @@ class _Run:
         self.writer = StreamWriter(cfg, paths.stream, self.probe.scored, gate_timeout_s=gate_s)
         self.trainer = BackgroundStage("train", train_command(cfg, paths), paths.logs)
         # One serving worker: the machine this runs on by default has 2 cores, and the trainer has 2 ranks.
+        # No queue-lag shedding: it refuses new calls while gRPC's queue waits over 100 ms, which protects a
+        # server from its own callers, but here a few closed-loop callers cannot build a queue, and the lag
+        # comes from the trainer's ranks and a new base's load taking the shared cores (a tiny run once had
+        # 18 calls refused RESOURCE_EXHAUSTED during a base swap on a box at load 12).
         serve = [*cli("recserve"), "serve", "--follow", str(paths.publish), "--port", str(port)]
         serve += ["--metrics-port", str(metrics_port), "--admin-port", "-1", "--workers", "1"]
+        serve += ["--max-queue-lag-ms", "0"]
         serve += ["--device", serving_device(cfg)]
         self.server = ServerProcess(serve, self.target, paths.logs / "serve.log", cfg.server_start_timeout_s)
         self.load: ClosedLoop | None = None

@@ -49,17 +49,17 @@ def write_probe_file(cfg: MainJobConfig, path: Path) -> Path:
     source = write_synthetic_criteo(path.with_name(f".{path.name}.rows"), spec)
     rows = [line.rstrip("\n").split("\t") for line in source.read_text().splitlines()]
     source.unlink()
-    planted_ranks: dict[int, list[int]] = {}
+    ranks: dict[int, list[int]] = {}
     for column, rank in PLANTED:
-        planted_ranks.setdefault(column, []).append(rank)
+        ranks.setdefault(column, []).append(rank)
+    planted = {c: [synthetic_criteo_token(spec, c, r) for r in rs] for c, rs in ranks.items()}
+    control = {c: [synthetic_criteo_token(spec, c, r) for r in CONTROL_RANKS] for c in ranks}
     lines = []
-    for ranks_of in (lambda c: planted_ranks[c], lambda c: list(CONTROL_RANKS)):
+    for tokens in (planted, control):
         for j, row in enumerate(rows):
             row = list(row)
-            for column in planted_ranks:
-                ranks = ranks_of(column)
-                rank = ranks[(j + column) % len(ranks)]
-                row[1 + NUM_DENSE + column] = synthetic_criteo_token(spec, column, rank)
+            for column, choices in tokens.items():  # every row, each of the planted columns' ids in turn
+                row[1 + NUM_DENSE + column] = choices[(j + column) % len(choices)]
             lines.append("\t".join(row) + "\n")
     path.write_text("".join(lines))
     return path
