@@ -8,6 +8,7 @@ the workers and serves one ``/metrics`` page that sums them (:func:`start_metric
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -157,14 +158,34 @@ def _freshness_family() -> GaugeMetricFamily:
     )
 
 
-def _aggregated_wall_time(source) -> float | None:
-    """The stalest worker's ``recserve_model_timestamp_seconds`` from the multiprocess files (None if a
-    live worker has not reported one: livemin is then 0)."""
-    for family in source.collect():
-        if family.name == MODEL_TIMESTAMP:
-            values = [s.value for s in family.samples]
-            return min(values) if values else None
-    return None
+class _WorkerFiles:
+    """The workers' metric files summed, as prometheus_client's ``MultiProcessCollector`` sums them, and the
+    freshness of the stalest worker from the same read.
+
+    A file a worker is creating at this instant is left out: it is empty until prometheus_client sizes it,
+    and reading it would fail the whole scrape (a ``struct.error``, HTTP 500) while a worker starts."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        families = list(MultiProcessCollector.merge(self._files(), accumulate=True))
+        yield from families
+        stamps = [s.value for f in families if f.name == MODEL_TIMESTAMP for s in f.samples]
+        # livemin: 0 while a live worker has not reported one, and then freshness is unknown.
+        yield from _Freshness(lambda: min(stamps) if stamps else None).collect()
+
+    def _files(self) -> list[str]:
+        files = []
+        for name in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(name) > 0:
+                    files.append(name)
+            except FileNotFoundError:
+                pass  # a stopped worker's file, removed by mark_process_dead
+        return files
 
 
 def start_metrics_http_server(port: int, host: str, registry: CollectorRegistry | None) -> object:
@@ -173,11 +194,8 @@ def start_metrics_http_server(port: int, host: str, registry: CollectorRegistry 
     Returns the WSGI server (call ``.shutdown()`` to stop it).
     """
     if registry is None:
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
-        collector = multiprocess.MultiProcessCollector(registry)
-        registry.register(_Freshness(lambda: _aggregated_wall_time(collector)))
+        registry.register(_WorkerFiles(os.environ[MULTIPROC_ENV]))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     logger.info("metrics on http://%s:%d/metrics", host, server.server_port)
     return server

@@ -1,9 +1,10 @@
 """Hot reload: load a package beside the serving one, warm it up, swap it in; keep the old one on failure.
 
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
-versioned packages (``--watch DIR``). As in Triton's model repository, versions are sub-directories with
-numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest may record); the highest
-one whose ``manifest.json`` exists is the one to serve.
+versioned packages (``--watch DIR``; ``--follow DIR`` runs the same scan, :meth:`Reloader.poll`, from its own
+thread before it looks for deltas: :mod:`recserve.server.follow`). As in Triton's model repository, versions
+are sub-directories with numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest
+may record); the highest one whose ``manifest.json`` exists is the one to serve.
 The folder's name is the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is
 refused): a version folder whose manifest records another version is refused before it is loaded (an error
 naming both, counted as a failed reload), never loaded and silently discarded; so is a version folder that

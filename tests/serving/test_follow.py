@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from recserve.client import PredictorClient
 from recserve.errors import StartupError
@@ -26,6 +27,7 @@ from recserve.export.delta import write_delta
 from recserve.runtime import Predictor
 from recserve.server.codec import scores_of
 from recserve.server.config import ServeConfig, ServeConfigError
+from recserve.server.metrics import FRESHNESS, MODEL_TIMESTAMP, _WorkerFiles
 from recserve.server.protos import oip_pb2_grpc
 from rectrain.models import build_model
 
@@ -229,6 +231,7 @@ def test_a_new_base_is_swapped_in_with_its_deltas_and_a_delta_of_another_base_is
     assert metrics["recserve_model_info"][(("model", "tiny"), ("version", "2"))] == 1
 
 
+@pytest.mark.slow  # two spawned workers: ~20 s on an idle 2-core machine, most of it their start
 def test_two_workers_each_follow_and_share_one_metrics_page(tmp_path):
     training, publish = Training(), tmp_path / "publish"
     publish.mkdir()
@@ -259,6 +262,19 @@ def test_two_workers_each_follow_and_share_one_metrics_page(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_workers_page_skips_a_metrics_file_being_created_and_reports_the_stalest_freshness(tmp_path):
+    """A worker creating its file (empty for a moment) must not fail the scrape of the others' metrics."""
+    for pid, stamp in ((111, time.time() - 30), (222, time.time() - 5)):
+        values = MmapedDict(str(tmp_path / f"gauge_livemin_{pid}.db"))
+        key = mmap_key(MODEL_TIMESTAMP, MODEL_TIMESTAMP, [], [], "t")
+        values.write_value(key, stamp, 0.0)
+        values.close()
+    (tmp_path / "counter_333.db").touch()
+    families = {f.name: f for f in _WorkerFiles(str(tmp_path)).collect()}
+    assert families[MODEL_TIMESTAMP].samples[0].value == pytest.approx(time.time() - 30, abs=5)
+    assert 30 <= families[FRESHNESS].samples[0].value < 40
 
 
 @pytest.mark.parametrize(
