@@ -3,15 +3,21 @@
 Trains the DLRM (``--tables`` x ``--rows`` x ``--dim``, int8 bases; synthetic click data) online on
 ``--ranks`` ranks with ``[publish] every_seconds = --every``, starts ``recserve serve --follow`` with
 ``--workers`` workers, and keeps a closed loop of ``--clients`` callers on it until ``--publishes`` deltas
-have been served (at least 30 by default). First the same training runs for ``--baseline-s`` seconds without
-publishing, for the throughput ratio. It prints one line per figure, its value last:
+written after its first reply have been served (30 by default). First the same training runs for
+``--baseline-s`` seconds without publishing, for the throughput ratio. It prints one line per figure, its
+value last:
 
 - ``freshness p50 s`` / ``freshness p99 s``: from the time the trainer read a delta's rows (its ``wall_time``)
-  to the first reply that names that version (or a later one);
+  to the first reply that names that version (or a later one); deltas written before the server's first
+  reply waited for it to start, not to follow, and are only counted
+  (``deltas published before the server served``);
 - ``failed requests``;
 - ``apply p99 / steady p99``: reply latency within 0.25 s of a new version's first reply vs the rest;
-- ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (ids included);
+- ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (dim + 4: codes,
+  fp16 scale and bias); the files also hold each row's int64 id, so (dim + 12) / (dim + 4) is the floor;
 - ``train throughput publishing / not``: median examples/s of the logged windows, both runs past warm-up;
+  the publishing run shares the machine with the server and its callers, so on fewer cores than ranks +
+  workers + clients the ratio also holds their share of the CPUs, not only publishing's cost;
 - ``peak memory <process> MiB``: VmHWM of every trainer rank and serving worker.
 
     .venv/bin/python -m bench freshness [--rows 2000000] [--ranks 2] [--workers 2] [--publishes 30]
@@ -90,9 +96,17 @@ def throughput(metrics: Path) -> float:
 
 
 def descendants(pid: int) -> list[int]:
+    """Child processes, recursively, less multiprocessing's resource tracker (a helper of spawned workers)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    children = [int(p) for p in out]
+    children = [int(p) for p in out if "resource_tracker" not in cmdline(int(p))]
     return children + [g for c in children for g in descendants(c)]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def peak_mib(pid: int) -> float:
@@ -223,14 +237,19 @@ def main() -> None:
         try:
             wait_serving(server, port)
             with Load(f"127.0.0.1:{port}", args.clients, args.request_batch) as load:
-                first = None
 
                 def served_enough() -> bool:
-                    nonlocal first
-                    versions = {v for _, _, v in load.replies[-200:]}
-                    newest = max((version_key(v) for v in versions), default=(0, 0))
-                    first = first or (newest if newest[1] else None)
-                    return first is not None and newest[1] - first[1] >= args.publishes
+                    """``--publishes`` deltas written after the first reply have been served."""
+                    if not load.replies:
+                        return False
+                    since = load.replies[0][1]
+                    newest = max(version_key(v) for _, _, v in load.replies[-200:])
+                    served = [
+                        key
+                        for key, delta in deltas_of(publish).items()
+                        if delta["wall_time"] >= since and key[0] == newest[0] and key <= newest
+                    ]
+                    return len(served) >= args.publishes
 
                 wait_for(served_enough, args.timeout, f"{args.publishes} served deltas")
                 pids = {"trainer rank": descendants(trainer.pid), "serving worker": descendants(server.pid)}
@@ -248,8 +267,14 @@ def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: floa
     for _, received, version in replies:
         first_seen.setdefault(version_key(version), received)
     served = sorted(first_seen)
-    freshness = []
+    # Deltas the trainer wrote before the load's first reply waited for the server to start, not to follow:
+    # they are not freshness samples.
+    serving_since = replies[0][1] if replies else float("inf")
+    freshness, before_serving = [], 0
     for key, delta in sorted(deltas.items()):
+        if delta["wall_time"] < serving_since:
+            before_serving += 1
+            continue
         later = [first_seen[v] for v in served if v[0] == key[0] and v >= key]
         if later:
             freshness.append(min(later) - delta["wall_time"])
@@ -262,6 +287,7 @@ def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: floa
     rows = sum(t["rows"] for d in deltas.values() for t in d["tables"].values())
     rows_bytes = sum(d["rows_bytes"] for d in deltas.values())
     freshness.sort()
+    print(f"deltas published before the server served (not counted) {before_serving}")
     print(f"deltas served {len(freshness)}")
     print(f"freshness p50 s {percentile(freshness, 50):.3f}")
     print(f"freshness p99 s {percentile(freshness, 99):.3f}")

@@ -7,19 +7,18 @@ scrape, then the summary is printed and the server is stopped with SIGTERM, whic
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
 from recserve.client import PredictorClient
 from recserve.mainjob.config import JobPaths, MainJobConfig, MainJobError, run_config_text
-from recserve.mainjob.stages import ServerProcess, cli, free_port, run_stage
+from recserve.mainjob.stages import Echo, ServerProcess, StageTimer, cli, free_port, run_stage
 from recserve.mainjob.summary import (
     MainJobSummary,
     dir_mb,
@@ -45,9 +44,10 @@ OWNED = (
     "metrics.jsonl",
     "metrics.prom",
     "summary.json",
+    "stream",  # the online mode's
+    "publish",
+    "probe.jsonl",
 )
-
-Echo = Callable[[str], None]
 
 
 def prepare_out(out: Path) -> JobPaths:
@@ -84,10 +84,18 @@ def serving_device(cfg: MainJobConfig) -> str:
 
 def heldout_batch(paths: JobPaths, rows: int) -> Batch:
     """The first ``rows`` held-out rows, read by the training job's own Criteo reader and hashing."""
-    config = RunConfig.load(paths.run_config, [f"train.batch_size={rows}", "data.num_workers=0"])
+    return criteo_batch(paths.run_config, paths.heldout_file, rows, "query")
+
+
+def criteo_batch(run_config: Path, file: Path, rows: int, stage: str) -> Batch:
+    """The first ``rows`` rows of ``file`` as one batch, read by ``run_config``'s Criteo reader and hashing
+    (as a held-out file: an online run config's followed directory is set aside)."""
+    overrides = [f"train.batch_size={rows}", "train.eval_batches=1", "data.num_workers=0"]
+    overrides += ["data.follow=false", f"data.eval_paths=[{json.dumps(str(file))}]"]
+    config = RunConfig.load(run_config, overrides)
     batch = next(RunData(config, rank=0, world_size=1).eval_batches(), None)
     if batch is None:
-        raise MainJobError(f"stage 'query': {paths.heldout_file} gave no rows")
+        raise MainJobError(f"stage '{stage}': {file} gave no rows")
     return batch
 
 
@@ -119,23 +127,12 @@ def scrape(url: str, path: Path) -> str:
     return text
 
 
-class _Timer:
-    def __init__(self, echo: Echo) -> None:
-        self.echo = echo
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str, what: str) -> Iterator[None]:
-        self.echo(f"[{len(self.seconds) + 1}] {name}: {what}")
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = round(time.perf_counter() - start, 2)
-
-
-def run_main_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary:
+def run_offline_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary:
     """Run every stage in order; return the summary (also ``OUT/summary.json``). Raises ``MainJobError``."""
+    if cfg.online:
+        raise MainJobError("main job: cfg.online is set; run it with recserve.mainjob.run_main_job")
     paths = prepare_out(cfg.out)
-    timer = _Timer(echo)
+    timer = StageTimer(echo)
     with timer.stage("data", f"{cfg.rows:,} training + {cfg.heldout_rows:,} held-out rows -> {paths.data}"):
         write_data(cfg, paths)
     step_dir = _train_and_export(cfg, paths, timer)
@@ -167,11 +164,16 @@ def run_main_job(cfg: MainJobConfig, echo: Echo = print) -> MainJobSummary:
     return summary
 
 
-def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: _Timer) -> Path:
-    """Stages train, verify, export; returns the checkpoint's step directory."""
+def train_command(cfg: MainJobConfig, paths: JobPaths) -> list[str]:
+    """``torchrun`` of ``rectrain train`` on ``cfg.nproc`` local ranks with the job's run config."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc)]
     torchrun += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
-    train = [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
+    return [*torchrun, "-m", "rectrain", "train", "--no-progress", "--config", str(paths.run_config)]
+
+
+def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: StageTimer) -> Path:
+    """Stages train, verify, export; returns the checkpoint's step directory."""
+    train = train_command(cfg, paths)
     ranks = f"{cfg.nproc} ranks (torchrun, device {cfg.device})"
     with timer.stage("train", f"DLRM, {cfg.steps} steps x {cfg.batch_size} x {ranks}"):
         output = run_stage("train", train, paths.logs)
@@ -189,7 +191,7 @@ def _train_and_export(cfg: MainJobConfig, paths: JobPaths, timer: _Timer) -> Pat
 
 
 def _serve_and_measure(
-    cfg: MainJobConfig, paths: JobPaths, timer: _Timer, summary: MainJobSummary, echo: Echo
+    cfg: MainJobConfig, paths: JobPaths, timer: StageTimer, summary: MainJobSummary, echo: Echo
 ) -> None:
     """Stages serve, query, loadgen, scrape; prints the summary, then stops the server (exit 0 required)."""
     port, metrics_port = free_port(), free_port()

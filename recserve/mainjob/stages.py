@@ -14,7 +14,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -26,6 +27,23 @@ logger = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 SERVICE_NAME = "recserve.v1.Predictor"
+
+Echo = Callable[[str], None]
+
+
+class StageTimer:
+    """Numbers and announces the stages (``[3] export: ...``) and keeps each one's wall time."""
+
+    def __init__(self, echo: Echo) -> None:
+        self.echo = echo
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str, what: str) -> Iterator[None]:
+        self.echo(f"[{len(self.seconds) + 1}] {name}: {what}")
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 2)
 
 
 def cli(name: str) -> list[str]:
@@ -102,6 +120,11 @@ class ServerProcess:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def check_running(self) -> None:
+        """Raise the serve stage's error if the server has exited (while the job still needs it)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise stage_error("serve", self.command, f"exited early with {self._proc.returncode}", self.log)
+
     def _wait_serving(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         with PredictorClient(self.target, timeout=2.0) as client:
@@ -126,6 +149,68 @@ class ServerProcess:
                 self._proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 logger.warning("server did not stop %.0f s after SIGTERM; killing it", timeout_s)
+                self._proc.kill()
+                self._proc.wait()
+        self.exit_code = self._proc.returncode
+        self._proc = None
+        self._log_file.close()
+        return self.exit_code
+
+
+class BackgroundStage:
+    """A stage's command running beside the job (the online trainer), output in ``logs/<stage>.log``.
+
+    ``with`` starts it and, on leaving early (an error, Ctrl-C), stops it with SIGTERM; ``wait`` is the
+    normal end and requires exit code 0.
+    """
+
+    def __init__(self, stage: str, command: Sequence[str], logs: Path) -> None:
+        self.stage = stage
+        self.command = list(command)
+        self.log = logs / f"{stage}.log"
+        self.exit_code: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    def __enter__(self) -> BackgroundStage:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log, "w")  # noqa: SIM115 (closed in stop())
+        logger.info("stage %s (background): %s", self.stage, shlex.join(self.command))
+        self._proc = subprocess.Popen(self.command, stdout=self._log_file, stderr=subprocess.STDOUT)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def check_running(self) -> None:
+        """Raise the stage's error if it has exited (while the job still needs it)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise stage_error(
+                self.stage, self.command, f"exited early with {self._proc.returncode}", self.log
+            )
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait for the command to finish by itself; it must exit 0 within ``timeout_s``."""
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise stage_error(
+                self.stage, self.command, f"still running after {timeout_s:.0f} s", self.log
+            ) from None
+        rc = self.stop()
+        if rc != 0:
+            raise stage_error(self.stage, self.command, f"exit code {rc}", self.log)
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM it if still running (torchrun passes it to the ranks), wait, SIGKILL if it hangs."""
+        if self._proc is None:
+            return self.exit_code
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop %.0f s after SIGTERM; killing it", self.stage, timeout_s)
                 self._proc.kill()
                 self._proc.wait()
         self.exit_code = self._proc.returncode

@@ -11,7 +11,11 @@ num_workers=N)``; every rank and worker reads its own share. File sources are re
 
 from rectrain.datasets.columnar import ColumnarConfig, ColumnarDataset
 from rectrain.datasets.criteo import DEFAULT_CAT_NAMES, DEFAULT_INT_NAMES, CriteoConfig, CriteoDataset
-from rectrain.datasets.criteo_synthetic import SyntheticCriteoSpec, write_synthetic_criteo
+from rectrain.datasets.criteo_synthetic import (
+    SyntheticCriteoSpec,
+    synthetic_criteo_token,
+    write_synthetic_criteo,
+)
 from rectrain.datasets.factory import DatasetConfig, build_dataset
 from rectrain.datasets.movielens import MovieLensConfig, MovieLensDataset
 from rectrain.datasets.rows import MalformedRowError, RowStats
@@ -36,5 +40,6 @@ __all__ = [
     "SyntheticCriteoSpec",
     "SyntheticDataset",
     "build_dataset",
+    "synthetic_criteo_token",
     "write_synthetic_criteo",
 ]

@@ -1,10 +1,16 @@
 """The synthetic Criteo writer: files the real reader accepts (plain, gzip), deterministic, learnable."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from rectrain.datasets import CriteoConfig, CriteoDataset
-from rectrain.datasets.criteo_synthetic import SyntheticCriteoSpec, write_synthetic_criteo
+from rectrain.datasets.criteo_synthetic import (
+    SyntheticCriteoSpec,
+    synthetic_criteo_token,
+    write_synthetic_criteo,
+)
 from rectrain.errors import ConfigError
 from rectrain.metrics import auc
 
@@ -62,3 +68,46 @@ def test_bad_spec_names_the_field():
         SyntheticCriteoSpec(num_rows=0)
     with pytest.raises(ConfigError, match="missing_rate"):
         SyntheticCriteoSpec(missing_rate=1.5)
+
+
+def _columns(path) -> list[list[str]]:
+    return [line.split("\t") for line in path.read_text().splitlines()]
+
+
+def test_parts_share_the_hidden_task_and_differ_in_rows(tmp_path):
+    spec = SyntheticCriteoSpec(num_rows=2000, vocab_size=50, seed=3)
+    one = _columns(write_synthetic_criteo(tmp_path / "1.tsv", replace(spec, part=1)))
+    two = _columns(write_synthetic_criteo(tmp_path / "2.tsv", replace(spec, part=2)))
+    assert one != two
+    for column in (0, 25):  # the same 50 tokens per column, the most frequent one first
+        tokens = {row[14 + column] for row in one} | {row[14 + column] for row in two}
+        assert len(tokens - {""}) <= 50
+        assert synthetic_criteo_token(spec, column, 0) in tokens
+    assert synthetic_criteo_token(spec, 0, 0) == synthetic_criteo_token(replace(spec, part=7), 0, 0)
+
+
+def test_planted_tokens_click_far_more_on_the_same_rows(tmp_path):
+    spec = SyntheticCriteoSpec(num_rows=4000, vocab_size=50, seed=1, part=2)
+    plain = _columns(write_synthetic_criteo(tmp_path / "plain.tsv", spec))
+    planted_spec = replace(spec, planted=((0, 1), (1, 1)), planted_boost=5.0)
+    planted = _columns(write_synthetic_criteo(tmp_path / "planted.tsv", planted_spec))
+    assert [row[1:] for row in plain] == [row[1:] for row in planted]  # only labels change
+    hot = {(0, synthetic_criteo_token(spec, 0, 1)), (1, synthetic_criteo_token(spec, 1, 1))}
+    rows = [i for i, row in enumerate(plain) if any(row[14 + c] == token for c, token in hot)]
+    others = [i for i in range(len(plain)) if i not in set(rows)]
+    assert len(rows) > 200
+
+    def clicks(table, which):
+        return sum(int(table[i][0]) for i in which) / len(which)
+
+    assert clicks(planted, rows) > 0.9 and clicks(plain, rows) < 0.75
+    assert clicks(planted, others) == clicks(plain, others)
+
+
+def test_bad_planted_or_part_names_the_field():
+    with pytest.raises(ConfigError, match=r"planted: \(26, 0\)"):
+        SyntheticCriteoSpec(planted=((26, 0),))
+    with pytest.raises(ConfigError, match="planted"):
+        SyntheticCriteoSpec(vocab_size=10, planted=((0, 10),))
+    with pytest.raises(ConfigError, match="part"):
+        SyntheticCriteoSpec(part=-1)
