@@ -25,7 +25,7 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed)
     if not _launched_by_torchrun():
         return _run_demo(cfg, None)
-    from rectrain.distributed.env import torchrun_session
+    from rectrain.distributed.comm.env import torchrun_session
 
     with torchrun_session() as env:
         return _run_demo(cfg, env)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rectrain: error: {e}", file=sys.stderr)
         code = 2
     if _launched_by_torchrun():
-        from rectrain.distributed.env import exit_without_finalizing
+        from rectrain.distributed.comm.env import exit_without_finalizing
 
         exit_without_finalizing(code)
     return code

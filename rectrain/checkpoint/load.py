@@ -22,7 +22,7 @@ from rectrain.checkpoint.manifest import Manifest, TableEntry, read_manifest, re
 from rectrain.checkpoint.optimizer_state import check_state_shapes, dense_optimizers, unflatten
 from rectrain.checkpoint.reader import CheckpointReader
 from rectrain.checkpoint.sync import resolve_env
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.planner.types import Shard
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from rectrain.checkpoint.errors import CheckpointError
 from rectrain.checkpoint.manifest import PER_ELEMENT, PER_ROW, SCALAR
-from rectrain.distributed.model_parallel import DistributedModelParallel, find_collections
+from rectrain.distributed.parallel.model_parallel import DistributedModelParallel, find_collections
 from rectrain.optim import CombinedOptimizer, FusedEmbeddingOptimizer
 from rectrain.planner.types import Shard, ShardingType
 

@@ -30,7 +30,7 @@ from rectrain.checkpoint.manifest import (
 )
 from rectrain.checkpoint.reader import CheckpointReader
 from rectrain.checkpoint.save import TMP_PREFIX
-from rectrain.distributed.sharded_table import shard_tables_of
+from rectrain.distributed.sharded.table import shard_tables_of
 from rectrain.durable import fsync_path, write_text_atomic
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError

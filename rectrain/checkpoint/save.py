@@ -44,7 +44,7 @@ from rectrain.checkpoint.manifest import (
 from rectrain.checkpoint.optimizer_state import dense_optimizers, flatten
 from rectrain.checkpoint.retention import TMP_PREFIX, prune
 from rectrain.checkpoint.sync import all_gather_object, barrier, broadcast_object, resolve_env
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.durable import write_text_atomic
 from rectrain.errors import ConfigError
 

@@ -7,9 +7,9 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.model_parallel import DistributedModelParallel
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.comm.timeouts import collective
+from rectrain.distributed.parallel.model_parallel import DistributedModelParallel
 
 
 def resolve_env(model: nn.Module, env: ShardingEnv | None) -> ShardingEnv:

@@ -7,6 +7,6 @@ sum instead (with an SGD fused optimizer: a learning rate world-size times large
 the same on every rank.
 """
 
-from rectrain.distributed.comm_autograd import get_gradient_division, set_gradient_division
+from rectrain.distributed.comm.autograd import get_gradient_division, set_gradient_division
 
 __all__ = ["get_gradient_division", "set_gradient_division"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from rectrain.distributed.awaitable import Awaitable, LazyAwaitable
-from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
-from rectrain.distributed.sharders import EmbeddingCollectionSharder
-from rectrain.distributed.sharding_contexts import EmbeddingCollectionContext
+from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable
+from rectrain.distributed.interfaces.contexts import EmbeddingCollectionContext
+from rectrain.distributed.parallel.sharders import EmbeddingCollectionSharder
+from rectrain.distributed.sharded.embedding import ShardedEmbeddingCollection
 from rectrain.modules.utils import construct_jagged_tensors
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rectrain.distributed.table_groups import GroupedEmbeddingConfig
+from rectrain.distributed.interfaces.table_groups import GroupedEmbeddingConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.types import EmbeddingComputeKernel
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from rectrain.distributed.sharders import BaseEmbeddingSharder, table_weights
+from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder, table_weights
 from rectrain.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 from rectrain.planner.types import ShardingType
 

@@ -1,9 +1,9 @@
 """``torchrec.distributed.embedding_types`` at rectrain's path: the compute kernels a plan names, ``KJTList``,
 the shard descriptions that kernels are grouped by, and the sharded-module base class."""
 
-from rectrain.distributed.kjt_list import KJTList
-from rectrain.distributed.sharded_module import ShardedEmbeddingModule, ShardedModule
-from rectrain.distributed.table_groups import GroupedEmbeddingConfig, ShardedEmbeddingTable
+from rectrain.distributed.interfaces.kjt_list import KJTList
+from rectrain.distributed.interfaces.sharded_module import ShardedEmbeddingModule, ShardedModule
+from rectrain.distributed.interfaces.table_groups import GroupedEmbeddingConfig, ShardedEmbeddingTable
 from rectrain.planner.types import EmbeddingComputeKernel
 
 __all__ = [

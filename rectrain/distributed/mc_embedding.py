@@ -1,5 +1,5 @@
 """``torchrec.distributed.mc_embedding`` at rectrain's path: its sharder (planning only; ``mc_sharders``)."""
 
-from rectrain.distributed.mc_sharders import ManagedCollisionEmbeddingCollectionSharder
+from rectrain.distributed.parallel.mc_sharders import ManagedCollisionEmbeddingCollectionSharder
 
 __all__ = ["ManagedCollisionEmbeddingCollectionSharder"]

@@ -1,5 +1,5 @@
 """``torchrec.distributed.mc_embeddingbag`` at rectrain's path: a planning-only sharder (``mc_sharders``)."""
 
-from rectrain.distributed.mc_sharders import ManagedCollisionEmbeddingBagCollectionSharder
+from rectrain.distributed.parallel.mc_sharders import ManagedCollisionEmbeddingBagCollectionSharder
 
 __all__ = ["ManagedCollisionEmbeddingBagCollectionSharder"]

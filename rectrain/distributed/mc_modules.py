@@ -1,5 +1,5 @@
 """``torchrec.distributed.mc_modules`` at rectrain's path: its sharder (planning only; ``mc_sharders``)."""
 
-from rectrain.distributed.mc_sharders import ManagedCollisionCollectionSharder
+from rectrain.distributed.parallel.mc_sharders import ManagedCollisionCollectionSharder
 
 __all__ = ["ManagedCollisionCollectionSharder"]

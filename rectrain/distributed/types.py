@@ -8,10 +8,10 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 
-from rectrain.distributed.awaitable import Awaitable, LazyAwaitable, NoWait
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.sharded_module import ShardedModule
-from rectrain.distributed.sharders import BaseEmbeddingSharder as ModuleSharder
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable, NoWait
+from rectrain.distributed.interfaces.sharded_module import ShardedModule
+from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.types import ParameterSharding, ShardingType
 

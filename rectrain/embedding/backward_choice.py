@@ -25,7 +25,7 @@ bits, depend on it; the rule gives the same kernel for a given machine and confi
 which FBGEMM is measured clearly faster would belong here as an exception.
 
 Under ``torch.distributed``, ``DistributedModelParallel`` makes every rank run rank 0's choice
-(``rectrain.distributed.backward_agreement``), so one run never mixes kernels.
+(``rectrain.distributed.parallel.backward_agreement``), so one run never mixes kernels.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
+from rectrain.distributed.sharded.embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.embedding.config import QuantConfig
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection

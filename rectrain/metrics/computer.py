@@ -84,9 +84,9 @@ class MetricsComputer:
 
 def _aggregate(sums: Tensor, examples: Tensor, pg: dist.ProcessGroup | None) -> tuple[Tensor, Tensor]:
     """All-reduce the running sums and all-gather the AUC examples (rank order) over ``pg``."""
-    from rectrain.distributed.comm import all_gather_v
-    from rectrain.distributed.comm_autograd import comm_device
-    from rectrain.distributed.timeouts import collective
+    from rectrain.distributed.comm.autograd import comm_device
+    from rectrain.distributed.comm.ops import all_gather_v
+    from rectrain.distributed.comm.timeouts import collective
 
     device = comm_device(pg)
     sums = sums.to(device)

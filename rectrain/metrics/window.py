@@ -64,8 +64,8 @@ class WindowedMetrics:
 
 
 def _gathered(examples: Tensor, pg: dist.ProcessGroup | None) -> Tensor:
-    from rectrain.distributed.comm import all_gather_v
-    from rectrain.distributed.comm_autograd import comm_device
+    from rectrain.distributed.comm.autograd import comm_device
+    from rectrain.distributed.comm.ops import all_gather_v
 
     gathered = all_gather_v(examples.to(comm_device(pg)), group=pg)
     return gathered.cpu()

@@ -127,7 +127,7 @@ class EmbeddingShardingPlanner:
                 payload[0] = self.plan(module_or_tables, sharders).to_json()
             except (PlannerError, ConfigError) as e:
                 payload[0] = json.dumps({"error": f"{type(e).__name__}: {e}"})
-        from rectrain.distributed.timeouts import collective
+        from rectrain.distributed.comm.timeouts import collective
 
         with collective("broadcast (sharding plan)", pg):
             dist.broadcast_object_list(payload, group=pg, group_src=0)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
-from rectrain.distributed.model_parallel import find_collections
+from rectrain.distributed.parallel.model_parallel import find_collections
 from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choice
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError

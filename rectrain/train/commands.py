@@ -43,7 +43,7 @@ def run_on_ranks(
         return fn(None)
     from datetime import timedelta
 
-    from rectrain.distributed.env import torchrun_session
+    from rectrain.distributed.comm.env import torchrun_session
 
     timeout = timedelta(seconds=config.train.collective_timeout_s) if config is not None else None
     with torchrun_session(timeout=timeout) as env:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.timeouts import collective
 from rectrain.metrics import MetricsComputer
 from rectrain.metrics.functional import recall_hits, retrieval_scores
 from rectrain.models.batch import Batch

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rectrain.distributed import ShardingEnv
-from rectrain.distributed.timeouts import CollectiveTimeoutError
+from rectrain.distributed.comm.timeouts import CollectiveTimeoutError
 from rectrain.errors import ConfigError, TrainingDiverged
 from rectrain.train import checkpointing
 from rectrain.train.build import TrainingModel, build_training

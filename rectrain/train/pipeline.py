@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.timeouts import collective
 from rectrain.models.batch import Batch
 from rectrain.sparse import KeyedJaggedTensor
 

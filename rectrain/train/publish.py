@@ -36,7 +36,7 @@ from recserve.export.exporter import export_checkpoint
 from recserve.export.sources import CheckpointSource
 from rectrain.checkpoint import model_state
 from rectrain.distributed import ShardingEnv
-from rectrain.distributed.timeouts import collective, new_group
+from rectrain.distributed.comm.timeouts import collective, new_group
 from rectrain.errors import ConfigError
 from rectrain.train.config import RunConfig
 from rectrain.train.sync import RankAgreement

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from rectrain.datasets.follow import Waiting
 from rectrain.datasets.windows import DataPosition
 from rectrain.distributed import ShardingEnv
-from rectrain.distributed.timeouts import collective, new_group
+from rectrain.distributed.comm.timeouts import collective, new_group
 from rectrain.errors import RecTrainError
 from rectrain.models.batch import Batch
 from rectrain.train.data import PositionedBatch

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from rectrain.checkpoint import model_state
-from rectrain.distributed import (
-    DistributedModelParallel,
+from rectrain.distributed import DistributedModelParallel
+from rectrain.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     data_parallel,

@@ -97,7 +97,7 @@ def test_training_is_an_indexed_job_of_torchrun_agents_meeting_at_pod_0():
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert pod["restartPolicy"] == "OnFailure" and launcher.max_restarts > 0
-    # Restarts need a fresh rendezvous store per round (see rectrain.distributed.env.warn_shared_store).
+    # Restarts need a fresh rendezvous store per round (see comm.env.warn_shared_store).
     env = {e["name"]: e.get("value") for e in container.get("env", [])}
     assert env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
 

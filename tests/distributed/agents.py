@@ -40,7 +40,7 @@ def torchrun_args(
 
 def rank_env(**extra: str) -> dict[str, str]:
     """The environment of a node: one intra-op thread per rank (two cores are shared by everyone), and a
-    fresh rendezvous store for every restart (see ``rectrain.distributed.env.warn_shared_store``)."""
+    fresh rendezvous store for every restart (``comm.env.warn_shared_store``)."""
     return {
         **os.environ,
         "OMP_NUM_THREADS": "1",

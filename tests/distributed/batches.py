@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.distributed.sharded.table import ShardedTable
 from rectrain.sparse import KeyedJaggedTensor
 
 TOL = {"atol": 1e-5, "rtol": 1e-4}

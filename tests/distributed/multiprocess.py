@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rectrain.distributed.env import ShardingEnv, exit_without_finalizing
-from rectrain.distributed.lifeline import die_with_parent
+from rectrain.distributed.comm.env import ShardingEnv, exit_without_finalizing
+from rectrain.distributed.comm.lifeline import die_with_parent
 
 
 class RankFailedError(RuntimeError):

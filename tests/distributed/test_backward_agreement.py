@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from rectrain.distributed import DistributedModelParallel, backward_agreement
+from rectrain.distributed import DistributedModelParallel
+from rectrain.distributed.parallel import backward_agreement
 from rectrain.embedding import EmbeddingBagCollection, backward_choice
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.embedding.cpu_backward_runner import compiled_ready

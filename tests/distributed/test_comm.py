@@ -11,9 +11,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from rectrain.distributed import (
-    Pending,
-    ShardingEnv,
+from rectrain.distributed import ShardingEnv
+from rectrain.distributed.comm.ops import (
     all_gather_v,
     all_reduce_coalesced,
     all_to_all_single,
@@ -22,6 +21,7 @@ from rectrain.distributed import (
     exchange_splits,
     reduce_scatter_v_pooled,
 )
+from rectrain.distributed.comm.pending import Pending
 from tests.distributed.multiprocess import run_multiprocess
 
 

@@ -15,9 +15,9 @@ import torch
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 
 from rectrain import EmbeddingBagCollection, EmbeddingBagConfig, FusedOptimizerConfig, KeyedJaggedTensor
-from rectrain.distributed import fused_params
 from rectrain.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from rectrain.distributed.model_parallel import DistributedModelParallel
+from rectrain.distributed.parallel import fused_params
 from rectrain.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from rectrain.embedding.config import EmbOptimType
 from rectrain.errors import ConfigError
@@ -50,7 +50,7 @@ def test_in_backward_optimizer_wins_over_the_sharders_fused_params():
 
 
 def test_nothing_given_is_fbgemms_default_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="rectrain.distributed.fused_params"):
+    with caplog.at_level(logging.WARNING, logger="rectrain.distributed.parallel.fused_params"):
         config = fused_params.resolve("sparse", None, _weights(_ebc()), None)
     assert (config.optimizer, config.lr) == (EmbOptimType.SGD, 0.01)
     assert "FBGEMM's default" in caplog.text and "apply_optimizer_in_backward" in caplog.text

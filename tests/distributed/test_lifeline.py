@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rectrain.distributed import ShardingEnv
-from rectrain.distributed.comm import all_to_all_single
-from rectrain.distributed.timeouts import CollectiveTimeoutError, new_group
+from rectrain.distributed.comm.ops import all_to_all_single
+from rectrain.distributed.comm.timeouts import CollectiveTimeoutError, new_group
 from tests.distributed.agents import ROOT, is_alive, wait_for
 from tests.distributed.multiprocess import run_multiprocess
 
@@ -26,7 +26,7 @@ time.sleep(600)
 """
 _CHILD = """
 import sys, time
-from rectrain.distributed.lifeline import die_with_parent
+from rectrain.distributed.comm.lifeline import die_with_parent
 print(die_with_parent(watchdog=sys.argv[1] == "watchdog"), flush=True)
 time.sleep(600)
 """

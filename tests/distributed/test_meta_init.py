@@ -12,8 +12,8 @@ from functools import partial
 import pytest
 import torch
 
-from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
-from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
+from rectrain.distributed.sharded.embedding import ShardedEmbeddingCollection
+from rectrain.distributed.sharded.embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,

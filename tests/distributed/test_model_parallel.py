@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from rectrain.distributed import DistributedModelParallel, ShardingType, row_wise
+from rectrain.distributed import DistributedModelParallel, ShardingType
+from rectrain.distributed.sharding_plan import row_wise
 from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection
 from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
 from rectrain.sparse import KeyedJaggedTensor
@@ -67,7 +68,7 @@ def _train(env, plan_rows_wise: bool) -> dict:
     reference = copy.deepcopy(model)
     plan = None
     if plan_rows_wise:
-        from rectrain.distributed import construct_module_sharding_plan
+        from rectrain.distributed.sharding_plan import construct_module_sharding_plan
         from rectrain.planner import ShardingPlan
 
         tables = model.sparse.ebc.embedding_bag_configs()

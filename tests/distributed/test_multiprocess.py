@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from tests.distributed.multiprocess import RankFailedError, run_multiprocess
 
 

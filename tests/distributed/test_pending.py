@@ -1,6 +1,6 @@
 """Pending without communication: finish runs once, after the work, and its result is cached."""
 
-from rectrain.distributed import Pending
+from rectrain.distributed.comm.pending import Pending
 
 
 def test_finish_runs_once_and_result_is_cached():

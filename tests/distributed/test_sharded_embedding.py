@@ -16,8 +16,8 @@ import copy
 import pytest
 import torch
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.sharded_embedding import ShardedEmbeddingCollection
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.sharded.embedding import ShardedEmbeddingCollection
 from rectrain.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from rectrain.distributed.sharded_embedding_bag import ShardedEmbeddingBagCollection
+from rectrain.distributed.sharded.embedding_bag import ShardedEmbeddingBagCollection
 from rectrain.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,

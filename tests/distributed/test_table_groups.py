@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from rectrain.distributed.awaitable import LazyAwaitable, NoWait
 from rectrain.distributed.embedding import EmbeddingCollectionAwaitable, EmbeddingCollectionContext
 from rectrain.distributed.embedding_lookup import GroupedEmbeddingsLookup
-from rectrain.distributed.sharded_module import ShardedEmbeddingModule
-from rectrain.distributed.sharding_contexts import SequenceShardingContext, set_sharding_context_post_a2a
-from rectrain.distributed.table_groups import ShardedEmbeddingTable, group_tables
+from rectrain.distributed.interfaces.awaitable import LazyAwaitable, NoWait
+from rectrain.distributed.interfaces.contexts import SequenceShardingContext, set_sharding_context_post_a2a
+from rectrain.distributed.interfaces.sharded_module import ShardedEmbeddingModule
+from rectrain.distributed.interfaces.table_groups import ShardedEmbeddingTable, group_tables
 from rectrain.embedding.config import DataType, PoolingType
 from rectrain.errors import ConfigError
 from rectrain.planner import ParameterConstraints, ParameterSharding

@@ -36,7 +36,7 @@ def _ebc() -> EmbeddingBagCollection:
 def test_torchrec_paths_name_rectrains_own_classes():
     import rectrain.planner as planner
     import rectrain.planner.types as types
-    from rectrain.distributed.env import ShardingEnv as Env
+    from rectrain.distributed.comm.env import ShardingEnv as Env
 
     assert EmbeddingShardingPlanner is PlannersPlanner is planner.EmbeddingShardingPlanner
     assert (ParameterConstraints, Topology, PlannerError, ShardingPlan) == (

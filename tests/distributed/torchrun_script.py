@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rectrain.distributed import ShardingEnv
-from rectrain.distributed.env import exit_without_finalizing, torchrun_session
+from rectrain.distributed.comm.env import exit_without_finalizing, torchrun_session
 
 
 def main(out_dir: str) -> None:

@@ -12,8 +12,8 @@ from recserve.cli import main
 from recserve.export import export_package, synthetic_sample
 from recserve.runtime import Predictor, read_manifest
 from rectrain.checkpoint import load_checkpoint, load_full_state, save_checkpoint
-from rectrain.distributed import (
-    DistributedModelParallel,
+from rectrain.distributed import DistributedModelParallel
+from rectrain.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     row_wise,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.models.config import ModelConfig
 from rectrain.sparse import KeyedJaggedTensor

@@ -57,7 +57,7 @@ def test_every_refusal_is_an_error_of_rectrain_and_not_implemented():
 
 
 def test_the_quant_sharder_is_refused_by_distributed_model_parallel():
-    from rectrain.distributed.model_parallel import refuse_unsupported_sharders
+    from rectrain.distributed.parallel.model_parallel import refuse_unsupported_sharders
 
     sharder = quant_embeddingbag.QuantEmbeddingBagCollectionSharder(fused_params={"register_tbe": True})
     assert sharder.module_type is QuantEmbeddingBagCollection

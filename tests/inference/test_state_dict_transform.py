@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rectrain.distributed import DistributedModelParallel, construct_module_sharding_plan, row_wise
+from rectrain.distributed import DistributedModelParallel
+from rectrain.distributed.sharding_plan import construct_module_sharding_plan, row_wise
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import EmbeddingBagConfig
 from rectrain.inference.state_dict_transform import state_dict_gather, state_dict_to_device

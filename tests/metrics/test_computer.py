@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.metrics import MetricsComputer, auc, calibration, log_loss, normalized_entropy
 from tests.distributed.multiprocess import run_multiprocess
 

@@ -4,7 +4,7 @@ a barrier before teardown, no interpreter finalization after it)."""
 import pytest
 import torch.distributed as dist
 
-from rectrain.distributed.env import ShardingEnv
+from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.embedding.config import EmbeddingBagConfig
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, PlannerError, Topology
 from tests.distributed.multiprocess import run_multiprocess

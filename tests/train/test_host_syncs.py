@@ -108,7 +108,7 @@ def test_the_counter_sees_the_reads_it_is_for():
 
 
 def test_a_bad_id_is_reported_by_the_next_deferred_check():
-    from rectrain.distributed.id_check import IdCheck
+    from rectrain.distributed.routing.id_check import IdCheck
 
     check = IdCheck(["a", "b"], [10, 5], deferred=True)
     lengths = torch.tensor([[1, 1], [1, 1]])

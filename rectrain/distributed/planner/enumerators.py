@@ -25,10 +25,10 @@ from typing import Any
 
 from torch import nn
 
+from rectrain.distributed.parallel.plans import calculate_shard_sizes_and_offsets
 from rectrain.distributed.planner.constants import POOLING_FACTOR
 from rectrain.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from rectrain.distributed.planner.utils import build_sharder_data_map, sharder_name
-from rectrain.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rectrain.distributed.fused_params import optimizer_type_of
+from rectrain.distributed.parallel.fused_params import optimizer_type_of
 from rectrain.distributed.planner.constants import (
     BIGINT_DTYPE,
     KV_CACHING_RATIO,

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rectrain.distributed.sharders import BaseEmbeddingSharder
+from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder
 
 
 def prod(iterable: Iterable[int]) -> int:

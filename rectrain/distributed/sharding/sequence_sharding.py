@@ -1,5 +1,5 @@
 """``torchrec.distributed.sharding.sequence_sharding`` at rectrain's path: the sequence sharding context."""
 
-from rectrain.distributed.sharding_contexts import SequenceShardingContext
+from rectrain.distributed.interfaces.contexts import SequenceShardingContext
 
 __all__ = ["SequenceShardingContext"]

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from rectrain.distributed.embedding_tower_sharding import EmbeddingTowerSharder
-from rectrain.distributed.model_parallel import refuse_unsupported_sharders
+from rectrain.distributed.parallel.model_parallel import refuse_unsupported_sharders
+from rectrain.distributed.parallel.sharders import EmbeddingBagCollectionSharder
 from rectrain.distributed.planner.enumerators import EmbeddingEnumerator
 from rectrain.distributed.planner.types import ParameterConstraints, Storage, Topology
-from rectrain.distributed.sharders import EmbeddingBagCollectionSharder
 from rectrain.distributed.test_utils.test_model import TestTowerSparseNN
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import EmbeddingBagConfig

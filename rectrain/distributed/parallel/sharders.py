@@ -3,7 +3,7 @@
 TorchRec code passes ``sharders=[EmbeddingBagCollectionSharder()]`` to the planner and to
 ``DistributedModelParallel``; rectrain shards every collection itself, so a sharder here narrows the sharding
 types and compute kernels the planner may pick, and its ``fused_params`` choose the fused optimizer of the
-collections built TorchRec's way (``rectrain.distributed.fused_params`` takes them or refuses them).
+collections built TorchRec's way (``rectrain.distributed.parallel.fused_params`` takes them or refuses them).
 Quantized communication (``qcomm_codecs_registry``) is refused: rectrain's collectives are not quantized.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from torch import nn
 
-from rectrain.distributed.fused_params import config_from_fused_params
+from rectrain.distributed.parallel.fused_params import config_from_fused_params
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError

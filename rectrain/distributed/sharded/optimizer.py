@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.sharded_table import ShardedTable
-from rectrain.distributed.torch_state import fill, sharded_tensor
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.sharded.table import ShardedTable
+from rectrain.distributed.sharded.torch_state import fill, sharded_tensor
 from rectrain.embedding.config import EmbOptimType, FusedOptimizerConfig
 from rectrain.optim.fused import FusedEmbeddingOptimizer, FusedKernel
 from rectrain.planner.types import Shard, ShardingType

@@ -13,8 +13,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.comm.timeouts import collective
 from rectrain.embedding.backward_choice import BackwardChoice, auto_choice
 from rectrain.embedding.cpu_backward_runner import compiled_ready
 

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rectrain.distributed import comm
-from rectrain.distributed.pending import Pending
-from rectrain.distributed.routing import Routing
+from rectrain.distributed.comm import ops as comm
+from rectrain.distributed.comm.pending import Pending
+from rectrain.distributed.routing.routes import Routing
 from rectrain.embedding.feature_routing import KJTLike, feature_positions
 
 fbgemm = torch.ops.fbgemm

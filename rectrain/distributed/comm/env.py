@@ -19,8 +19,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from rectrain.distributed.lifeline import die_with_parent
-from rectrain.distributed.timeouts import DEFAULT_TIMEOUT, collective, new_group
+from rectrain.distributed.comm.lifeline import die_with_parent
+from rectrain.distributed.comm.timeouts import DEFAULT_TIMEOUT, collective, new_group
 from rectrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)

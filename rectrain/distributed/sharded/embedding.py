@@ -20,20 +20,20 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import Tensor, nn
 
-from rectrain.distributed import shard_weights
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.id_check import IdCheck
-from rectrain.distributed.input_dist import FeatureSelector, ShardInput, to_shard_input
-from rectrain.distributed.sequence_data_parallel import SequenceDataParallel
-from rectrain.distributed.sequence_dist import (
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.routing.id_check import IdCheck
+from rectrain.distributed.routing.input_dist import FeatureSelector, ShardInput, to_shard_input
+from rectrain.distributed.routing.sequence_dist import (
     SequenceAssembler,
     build_sequence_routing,
     ids_per_source,
     return_rows,
     send_ids,
 )
-from rectrain.distributed.sharded_table import ShardedTable
-from rectrain.distributed.torch_state import install_state_dict_hooks
+from rectrain.distributed.sharded import weights as shard_weights
+from rectrain.distributed.sharded.sequence_data_parallel import SequenceDataParallel
+from rectrain.distributed.sharded.table import ShardedTable
+from rectrain.distributed.sharded.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables

@@ -1,7 +1,7 @@
 """``Pending``: a started collective and the step that turns its raw buffers into the result.
 
 Pipelines start the input all-to-all of batch i+1 while batch i computes, so every collective in
-``rectrain.distributed.comm`` can hand back a ``Pending`` instead of blocking. It is deliberately flat: one or
+``comm.ops`` can hand back a ``Pending`` instead of blocking. It is deliberately flat: one or
 more ``torch.distributed`` work handles plus one ``finish`` callable, never a pending of pendings.
 """
 
@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.timeouts import collective
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from torch import nn
 
-from rectrain.distributed.awaitable import Awaitable, LazyAwaitable
+from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable
 
 CompIn = TypeVar("CompIn")
 DistOut = TypeVar("DistOut")

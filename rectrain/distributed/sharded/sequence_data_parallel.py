@@ -17,12 +17,12 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from rectrain.distributed import comm
-from rectrain.distributed.comm_autograd import divided_gradient
-from rectrain.distributed.data_parallel import gather_global_batch
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.input_dist import FeatureSelector, to_shard_input
-from rectrain.distributed.sequence_dist import ids_per_source, transpose_blocks
+from rectrain.distributed.comm import ops as comm
+from rectrain.distributed.comm.autograd import divided_gradient
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.routing.input_dist import FeatureSelector, to_shard_input
+from rectrain.distributed.routing.sequence_dist import ids_per_source, transpose_blocks
+from rectrain.distributed.sharded.data_parallel import gather_global_batch
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import KJTLike
 from rectrain.embedding.fused_tables import FusedTables

@@ -4,7 +4,7 @@ Adjoint pairs (the gradient of a linear map is its transpose):
   all-to-all (splits in, splits out)  <->  all-to-all with the splits swapped
   all-gather along dim 0              <->  reduce-scatter (sum) along dim 0
 Forward always launches asynchronously and leaves the work handle in a ``WorkBox``; the caller waits on
-it before reading the output (``rectrain.distributed.comm`` wraps this in a ``Pending``). Autograd never reads
+it before reading the output (``comm.ops`` wraps this in a ``Pending``). Autograd never reads
 the output's values, so recording the graph before the data has arrived is safe. Backward is synchronous.
 Everything else the public functions do (padding, slicing, summing, reshaping) is ordinary tensor code that
 autograd differentiates on its own.
@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.autograd import Function
 
 from rectrain import compat
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.timeouts import collective
 
 # TorchRec's process-wide switch (``torchrec.distributed.comm_ops.set_gradient_division``, set through
 # ``rectrain.distributed.comm_ops``): when on, every backward here divides by the group's size, so the

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from rectrain.distributed.sharders import BaseEmbeddingSharder, table_weights
+from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder, table_weights
 from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
 from rectrain.zch.collection import ManagedCollisionCollection
 from rectrain.zch.embedding import (

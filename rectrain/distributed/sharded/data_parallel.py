@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from rectrain.distributed import comm
-from rectrain.distributed.comm_autograd import divided_gradient
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.input_dist import FeatureSelector, LocalFeatures, to_shard_input
-from rectrain.distributed.shard_lookup import lookup
+from rectrain.distributed.comm import ops as comm
+from rectrain.distributed.comm.autograd import divided_gradient
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.routing.input_dist import FeatureSelector, LocalFeatures, to_shard_input
+from rectrain.distributed.sharded.lookup import lookup
 from rectrain.embedding.config import EmbeddingBagConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import KJTLike
 from rectrain.embedding.fused_tables import FusedTables

@@ -18,23 +18,23 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from rectrain.distributed import shard_weights
-from rectrain.distributed.data_parallel import DataParallelTables
-from rectrain.distributed.dense_data_parallel import DenseDataParallelTables
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.id_check import IdCheck
-from rectrain.distributed.input_dist import (
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.comm.pending import Pending
+from rectrain.distributed.routing.id_check import IdCheck
+from rectrain.distributed.routing.input_dist import (
     FeatureSelector,
     LocalFeatures,
     send_features,
     to_shard_input,
 )
-from rectrain.distributed.output_dist import PooledAssembler
-from rectrain.distributed.pending import Pending
-from rectrain.distributed.routing import build_routing
-from rectrain.distributed.shard_lookup import lookup
-from rectrain.distributed.sharded_table import ShardedTable
-from rectrain.distributed.torch_state import install_state_dict_hooks
+from rectrain.distributed.routing.output_dist import PooledAssembler
+from rectrain.distributed.routing.routes import build_routing
+from rectrain.distributed.sharded import weights as shard_weights
+from rectrain.distributed.sharded.data_parallel import DataParallelTables
+from rectrain.distributed.sharded.dense_data_parallel import DenseDataParallelTables
+from rectrain.distributed.sharded.lookup import lookup
+from rectrain.distributed.sharded.table import ShardedTable
+from rectrain.distributed.sharded.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import FusedOptimizerConfig, PoolingType
 from rectrain.embedding.fused_tables import FusedTables

@@ -24,15 +24,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rectrain import compat
-from rectrain.distributed.comm_autograd import (
+from rectrain.distributed.comm.autograd import (
     AllGatherEven,
     AllToAllSingle,
     ReduceScatterEven,
     WorkBox,
     comm_device,
 )
-from rectrain.distributed.pending import Pending
-from rectrain.distributed.timeouts import collective
+from rectrain.distributed.comm.pending import Pending
+from rectrain.distributed.comm.timeouts import collective
 
 ProcessGroup = dist.ProcessGroup
 

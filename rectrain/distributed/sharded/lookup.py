@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rectrain.distributed.input_dist import ShardInput
+from rectrain.distributed.routing.input_dist import ShardInput
 from rectrain.embedding.fused_tables import FusedTables
 
 

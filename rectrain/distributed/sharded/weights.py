@@ -13,10 +13,10 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.sharded_optimizer import ShardedFusedOptimizer
-from rectrain.distributed.sharded_table import ShardedTable, shard_tables_of
-from rectrain.distributed.torch_state import ShardedModule, table_dtype
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.sharded.optimizer import ShardedFusedOptimizer
+from rectrain.distributed.sharded.table import ShardedTable, shard_tables_of
+from rectrain.distributed.sharded.torch_state import ShardedModule, table_dtype
 from rectrain.embedding import init
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables

@@ -23,10 +23,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from rectrain.distributed import comm
-from rectrain.distributed.input_dist import LocalFeatures
-from rectrain.distributed.pending import Pending
-from rectrain.distributed.routing import Routing, build_routing
+from rectrain.distributed.comm import ops as comm
+from rectrain.distributed.comm.pending import Pending
+from rectrain.distributed.routing.input_dist import LocalFeatures
+from rectrain.distributed.routing.routes import Routing, build_routing
 from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from rectrain.embedding.layout import group_tables
 from rectrain.planner.types import ParameterSharding

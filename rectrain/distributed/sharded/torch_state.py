@@ -26,8 +26,8 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 from torch.distributed.tensor import DTensor
 
-from rectrain.distributed.env import ShardingEnv
-from rectrain.distributed.sharded_table import ShardedTable
+from rectrain.distributed.comm.env import ShardingEnv
+from rectrain.distributed.sharded.table import ShardedTable
 from rectrain.errors import ConfigError
 from rectrain.planner.types import ShardingType
 

@@ -1,0 +1,1 @@
+"""Communication: process groups (ShardingEnv), collectives with autograd, timeouts, the parent lifeline."""

@@ -1,0 +1,1 @@
+"""TorchRec's sharded-module interfaces (awaitables, ShardedModule, contexts, KJTList, kernel groups)."""

@@ -1,0 +1,1 @@
+"""DistributedModelParallel and its inputs: sharders, fused params, hand-written plans, kernel agreement."""

@@ -1,0 +1,177 @@
+"""Write a plan by hand, TorchRec style: ``construct_module_sharding_plan(ebc, {"t1": table_wise(rank=0)})``.
+
+Each helper returns a generator that, given a table and the world geometry, builds the ``ParameterSharding``
+with FBGEMM's row blocks (``ceil(rows / parts)``) and column blocks; the result is validated like a planned
+plan, so a hand-written plan fails early with the table's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from rectrain.embedding.config import BaseEmbeddingConfig
+from rectrain.errors import ConfigError
+from rectrain.planner.enumerate import MIN_CW_DIM, column_blocks, row_blocks
+from rectrain.planner.plan import ModulePlan
+from rectrain.planner.types import EmbeddingComputeKernel, ParameterSharding, Shard, ShardingType
+from rectrain.planner.validate import validate_sharding
+
+ParameterShardingGenerator = Callable[[BaseEmbeddingConfig, int, int], ParameterSharding]
+_FUSED = EmbeddingComputeKernel.FUSED
+
+
+def _sharding(kind: ShardingType, shards: list[Shard], kernel=_FUSED) -> ParameterSharding:
+    return ParameterSharding(kind, kernel, [s.rank for s in shards], shards)
+
+
+def data_parallel() -> ParameterShardingGenerator:
+    """A full copy of the table on every rank."""
+
+    def make(table: BaseEmbeddingConfig, world_size: int, local_size: int) -> ParameterSharding:
+        shard = Shard(0, table.num_embeddings, 0, table.embedding_dim, None)
+        return ParameterSharding(ShardingType.DATA_PARALLEL, _FUSED, list(range(world_size)), [shard])
+
+    return make
+
+
+def table_wise(rank: int) -> ParameterShardingGenerator:
+    """The whole table on ``rank``."""
+
+    def make(table: BaseEmbeddingConfig, world_size: int, local_size: int) -> ParameterSharding:
+        shard = Shard(0, table.num_embeddings, 0, table.embedding_dim, rank)
+        return _sharding(ShardingType.TABLE_WISE, [shard])
+
+    return make
+
+
+def row_wise() -> ParameterShardingGenerator:
+    """Rows split in equal blocks over every rank, in rank order."""
+
+    def make(table: BaseEmbeddingConfig, world_size: int, local_size: int) -> ParameterSharding:
+        blocks = row_blocks(table.num_embeddings, world_size)
+        shards = [Shard(off, n, 0, table.embedding_dim, r) for r, (off, n) in enumerate(blocks)]
+        return _sharding(ShardingType.ROW_WISE, shards)
+
+    return make
+
+
+def column_wise(ranks: Sequence[int]) -> ParameterShardingGenerator:
+    """Columns split in ``len(ranks)`` equal blocks, block ``i`` on ``ranks[i]``."""
+
+    def make(table: BaseEmbeddingConfig, world_size: int, local_size: int) -> ParameterSharding:
+        width = -(-table.embedding_dim // len(ranks))
+        blocks = column_blocks(table.embedding_dim, width)
+        if len(blocks) != len(ranks):
+            raise ConfigError(
+                f"table {table.name!r}: {table.embedding_dim} columns do not split into {len(ranks)} blocks"
+            )
+        shards = [Shard(0, table.num_embeddings, off, n, r) for r, (off, n) in zip(ranks, blocks)]
+        return _sharding(ShardingType.COLUMN_WISE, shards)
+
+    return make
+
+
+def table_row_wise(host_index: int) -> ParameterShardingGenerator:
+    """Rows split in equal blocks over the ranks of host ``host_index`` (``local_size`` ranks per host)."""
+
+    def make(table: BaseEmbeddingConfig, world_size: int, local_size: int) -> ParameterSharding:
+        blocks = row_blocks(table.num_embeddings, local_size)
+        first = host_index * local_size
+        shards = [Shard(off, n, 0, table.embedding_dim, first + r) for r, (off, n) in enumerate(blocks)]
+        return _sharding(ShardingType.TABLE_ROW_WISE, shards)
+
+    return make
+
+
+def construct_module_sharding_plan(
+    module: nn.Module | Sequence[BaseEmbeddingConfig],
+    per_param_sharding: Mapping[str, ParameterShardingGenerator],
+    world_size: int,
+    local_size: int | None = None,
+) -> ModulePlan:
+    """``{table: ParameterSharding}`` for a collection (or its table configs), one generator per table."""
+    if isinstance(module, nn.Module):
+        configs = getattr(module, "embedding_bag_configs", None) or module.embedding_configs
+        tables = list(configs())
+    else:
+        tables = list(module)
+    local_size = local_size or world_size
+    by_name = {t.name: t for t in tables}
+    unknown = sorted(set(per_param_sharding) - set(by_name))
+    if unknown:
+        raise ConfigError(f"per_param_sharding names unknown tables {unknown}; tables: {sorted(by_name)}")
+    plan = {}
+    for name, make in per_param_sharding.items():
+        table = by_name[name]
+        sharding = make(table, world_size, local_size)
+        validate_sharding(name, sharding, (table.num_embeddings, table.embedding_dim), world_size, local_size)
+        plan[name] = sharding
+    return plan
+
+
+def calculate_shard_sizes_and_offsets(
+    tensor: torch.Tensor,
+    world_size: int,
+    local_world_size: int,
+    sharding_type: str,
+    col_wise_shard_dim: int | None = None,
+    num_buckets: int | None = None,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """``([[rows, cols] per shard], [[row offset, col offset] per shard])`` of ``tensor`` sharded as
+    ``sharding_type``, with the blocks rectrain's plans use (``row_blocks``, ``column_blocks``).
+
+    Column-wise (and table-column-wise) shards are ``col_wise_shard_dim`` wide, rounded up to the narrowest
+    multiple of 4 that divides the width (TorchRec's rule; ``MIN_CW_DIM`` when none is given; the whole
+    width when nothing divides it). Row-wise shards of a bucketed table (``num_buckets``, a virtual table)
+    are whole buckets: the first ``num_buckets % world_size`` ranks take one bucket more.
+    """
+    rows, cols = tensor.shape
+    kind = str(sharding_type)
+    if kind == ShardingType.DATA_PARALLEL.value:
+        return [[rows, cols]] * world_size, [[0, 0]] * world_size
+    if kind == ShardingType.TABLE_WISE.value:
+        return [[rows, cols]], [[0, 0]]
+    if kind == ShardingType.ROW_WISE.value:
+        blocks = (
+            _bucket_blocks(rows, world_size, num_buckets) if num_buckets else row_blocks(rows, world_size)
+        )
+        return [[n, cols] for _, n in blocks], [[o, 0] for o, _ in blocks]
+    if kind == ShardingType.TABLE_ROW_WISE.value:
+        blocks = row_blocks(rows, local_world_size)
+        return [[n, cols] for _, n in blocks], [[o, 0] for o, _ in blocks]
+    width = _column_shard_width(cols, col_wise_shard_dim)
+    if kind in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
+        blocks = column_blocks(cols, width)
+        return [[rows, n] for _, n in blocks], [[0, o] for o, _ in blocks]
+    if kind == ShardingType.GRID_SHARD.value:
+        # Row blocks within a host, repeated for every column block.
+        grid = [(r, c) for c in column_blocks(cols, width) for r in row_blocks(rows, local_world_size)]
+        return [[rn, cn] for (_, rn), (_, cn) in grid], [[ro, co] for (ro, _), (co, _) in grid]
+    raise ValueError(f"unrecognized or unsupported sharding type {sharding_type!r}")
+
+
+def _bucket_blocks(rows: int, parts: int, num_buckets: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of ``parts`` row blocks made of whole buckets of ``rows / num_buckets`` rows."""
+    if num_buckets < parts:
+        raise ValueError(
+            f"{num_buckets} buckets cannot be split over {parts} ranks (a bucket is never split); "
+            "use at least as many buckets as ranks"
+        )
+    if rows % num_buckets:
+        raise ValueError(f"{rows} rows do not split into {num_buckets} equal buckets")
+    bucket_rows = rows // num_buckets
+    per_rank, extra = divmod(num_buckets, parts)
+    sizes = [bucket_rows * (per_rank + (1 if rank < extra else 0)) for rank in range(parts)]
+    offsets = [sum(sizes[:rank]) for rank in range(parts)]
+    return list(zip(offsets, sizes))
+
+
+def _column_shard_width(cols: int, shard_dim: int | None) -> int:
+    lower = shard_dim or MIN_CW_DIM
+    for width in range(lower, cols):
+        if cols % width == 0 and width % 4 == 0:
+            return width
+    return cols

@@ -1,0 +1,1 @@
+"""Input and output distribution: where each id goes (routes), the id all-to-all, pooled results back."""

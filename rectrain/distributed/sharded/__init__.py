@@ -1,0 +1,1 @@
+"""Sharded modules: the sharded collections, their tables, lookups, weights, optimizer and torch state."""
