@@ -104,6 +104,8 @@ ALLOWED = {
     "rectrain.datasets.movielens": _ENGINE_PACKAGE,
     "rectrain.datasets.random": _ENGINE_PACKAGE,
     "rectrain.datasets.utils": "code patches its helpers' lookups at this path (see its docstring)",
+    "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
+    "lookups: the only one, the kernels are recserve's",
     "rectrain.models.dlrm": _ENGINE_PACKAGE,
     "rectrain.modules.embedding_tower": "TorchRec's tower modules, which have no engine counterpart",
     "rectrain.modules.hash_mc_metrics": "TorchRec's tests patch time at this path",
