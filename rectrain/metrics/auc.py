@@ -156,6 +156,9 @@ class AUCMetricComputation(RecMetricComputation):
         if self._grouped_auc:
             getattr(self, GROUPING_KEYS).append(torch.tensor([-1], device=self.device))
 
+    # The buffers are a Python list that grows and is trimmed per batch: traced, every length would be a
+    # recompile, so torch.compile runs this eagerly.
+    @torch.compiler.disable
     def update(
         self, *, predictions: Tensor | None, labels: Tensor, weights: Tensor | None, **kwargs: Any
     ) -> None:
