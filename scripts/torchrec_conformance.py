@@ -112,7 +112,8 @@ _FROM = re.compile(r"^(\s*)from torchrec(\.|\s)", re.MULTILINE)
 _IMPORT_AS = re.compile(r"^(\s*)import torchrec(\.[\w.]+)? as ", re.MULTILINE)
 _IMPORT = re.compile(r"^(\s*)import torchrec(\.[\w.]+)?\s*$", re.MULTILINE)
 # unittest.mock imports its string targets: patch("torchrec.x.y") is an import of torchrec.x.
-_PATCH = re.compile(r"""(\bpatch\(\s*["'])torchrec\.""")
+# mock.patch targets, also through a module-path constant (``THROUGHPUT_PATH = "torchrec.metrics.throughput"``)
+_PATCH = re.compile(r"""(\bpatch\(\s*["']|^[A-Z_]+_PATH\s*=\s*["'])torchrec\.""", re.MULTILINE)
 
 
 def rewrite(source: str, package: str) -> str:

@@ -54,7 +54,8 @@ class ThroughputMetric(nn.Module):
         self._window_seconds = window_seconds
         self._warmup_steps = warmup_steps
         self._batch_size_stages = copy.deepcopy(batch_size_stages)
-        self._num_batch = 0
+        if batch_size_stages is not None:
+            self._num_batch = 0  # only a staged batch size counts batches (and checkpoints the count)
         self._register_load_state_dict_pre_hook(self.load_state_dict_hook)
         self.register_state_dict_post_hook(self.state_dict_hook)
         for name, dtype, persistent in [
