@@ -33,12 +33,9 @@ from rectrain.metrics.metrics_namespace import (
     MetricPrefix,
     compose_metric_key,
 )
-from rectrain.metrics.state import MetricStates
+from rectrain.metrics.state import MAX_BUFFER_COUNT, MetricStates, WindowBuffer
 
 RecModelOutput = Tensor | dict[str, Tensor]
-
-#: A window keeps at most this many batches' contributions (TorchRec's bound).
-MAX_BUFFER_COUNT = 1000
 
 _FUSED_MODES = (RecComputeMode.FUSED_TASKS_COMPUTATION, RecComputeMode.FUSED_TASKS_AND_STATES_COMPUTATION)
 
@@ -53,37 +50,6 @@ class MetricComputationReport:
 
 class RecMetricException(Exception):
     pass
-
-
-class WindowBuffer:
-    """The latest batches' contributions to a window state: adding one drops the oldest while the window
-    holds more than ``max_size`` examples (so it holds whole batches, at most ``max_size`` examples)."""
-
-    def __init__(self, max_size: int, max_buffer_count: int) -> None:
-        self._max_size = max_size
-        self._max_buffer_count = max_buffer_count
-        self._buffers: deque[Tensor] = deque(maxlen=max_buffer_count)
-        self._used_sizes: deque[int] = deque(maxlen=max_buffer_count)
-        self._window_used_size = 0
-
-    def aggregate_state(self, window_state: Tensor, curr_state: Tensor, size: int) -> None:
-        """Add ``curr_state`` (a batch of ``size`` examples) to ``window_state`` in place; drop the oldest."""
-        if len(self._buffers) == self._buffers.maxlen:
-            self._drop_oldest(window_state)
-        self._buffers.append(curr_state.clone())
-        self._used_sizes.append(size)
-        window_state += curr_state
-        self._window_used_size += size
-        while self._window_used_size > self._max_size:
-            self._drop_oldest(window_state)
-
-    def _drop_oldest(self, window_state: Tensor) -> None:
-        window_state -= self._buffers.popleft()
-        self._window_used_size -= self._used_sizes.popleft()
-
-    @property
-    def buffers(self) -> deque[Tensor]:
-        return self._buffers
 
 
 class RecMetricComputation(MetricStates, abc.ABC):

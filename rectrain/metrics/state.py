@@ -4,17 +4,22 @@ The part of ``torchmetrics.Metric`` that TorchRec's metrics stand on, without th
 tensor (a running sum) or a list of tensors (AUC's buffered examples), registered with ``add_state`` and a
 reduction that says how the ranks' copies combine. ``sync`` replaces every state by the reduction over the
 ranks of the process group (a collective) and ``unsync`` puts the local states back, so a computation can
-read global values and keep accumulating locally.
+read global values and keep accumulating locally. A ``WindowBuffer`` keeps the latest batches'
+contributions to a windowed sum.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+#: A window keeps at most this many batches' contributions (TorchRec's bound).
+MAX_BUFFER_COUNT = 1000
 
 Reduction = str | Callable[[Any], Any] | None
 
@@ -114,6 +119,37 @@ class MetricStates(nn.Module):
             if persistent and prefix + name in state_dict:
                 setattr(self, name, state_dict.pop(prefix + name).to(self._device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class WindowBuffer:
+    """The latest batches' contributions to a window state: adding one drops the oldest while the window
+    holds more than ``max_size`` examples (so it holds whole batches, at most ``max_size`` examples)."""
+
+    def __init__(self, max_size: int, max_buffer_count: int) -> None:
+        self._max_size = max_size
+        self._max_buffer_count = max_buffer_count
+        self._buffers: deque[Tensor] = deque(maxlen=max_buffer_count)
+        self._used_sizes: deque[int] = deque(maxlen=max_buffer_count)
+        self._window_used_size = 0
+
+    def aggregate_state(self, window_state: Tensor, curr_state: Tensor, size: int) -> None:
+        """Add ``curr_state`` (a batch of ``size`` examples) to ``window_state`` in place; drop the oldest."""
+        if len(self._buffers) == self._buffers.maxlen:
+            self._drop_oldest(window_state)
+        self._buffers.append(curr_state.clone())
+        self._used_sizes.append(size)
+        window_state += curr_state
+        self._window_used_size += size
+        while self._window_used_size > self._max_size:
+            self._drop_oldest(window_state)
+
+    def _drop_oldest(self, window_state: Tensor) -> None:
+        window_state -= self._buffers.popleft()
+        self._window_used_size -= self._used_sizes.popleft()
+
+    @property
+    def buffers(self) -> deque[Tensor]:
+        return self._buffers
 
 
 def _distributed(group: dist.ProcessGroup | None) -> bool:
