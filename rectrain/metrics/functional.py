@@ -1,4 +1,7 @@
-"""Metric formulas on whole tensors: AUC, log loss, normalised entropy, accuracy, calibration, recall@K.
+"""Metrics of whole tensors as floats: AUC, log loss, normalised entropy, accuracy, calibration, recall@K.
+
+AUC, log loss and NE are the engine's formulas (``rectrain.metrics.auc``, ``.ne``) applied to one tensor of
+unweighted examples, so a number here equals the ``RecMetric`` one on the same examples.
 
 ``predictions`` are probabilities in [0, 1] (apply ``sigmoid`` to logits first), ``labels`` are 0/1. Sums are
 taken in float64. Undefined values (AUC or NE without both classes, calibration with no positives) are NaN,
@@ -12,8 +15,17 @@ import math
 import torch
 from torch import Tensor
 
-#: Predictions are clamped to [EPS, 1 - EPS] inside log loss so a confident mistake costs a finite amount.
-EPS = 1e-7
+from rectrain.metrics.accuracy import compute_accuracy_sum
+from rectrain.metrics.auc import _compute_auc_helper
+from rectrain.metrics.calibration import (
+    CALIBRATION_DENOM,
+    CALIBRATION_NUM,
+    compute_calibration,
+    get_calibration_states,
+)
+from rectrain.metrics.ne import ETA, compute_cross_entropy, compute_ne
+
+LN2 = math.log(2.0)
 
 
 def _check_pair(predictions: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -23,58 +35,30 @@ def _check_pair(predictions: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def auc(predictions: Tensor, labels: Tensor) -> float:
-    """Exact ROC AUC by sorting: the probability that a random positive outscores a random negative, ties
-    counting one half (the Mann-Whitney U statistic / (P * N)). Scores need not be probabilities."""
-    scores, labels = _check_pair(predictions, labels)
-    positives = float(labels.sum())
-    negatives = labels.numel() - positives
-    if positives == 0 or negatives == 0:
-        return math.nan
-    order = torch.argsort(scores)
-    scores, labels = scores[order], labels[order]
-    _, counts = torch.unique_consecutive(scores, return_counts=True)
-    group = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    pos_per_group = torch.zeros(counts.numel(), dtype=torch.float64).index_add_(0, group, labels)
-    neg_per_group = counts.to(torch.float64) - pos_per_group
-    neg_below = torch.cumsum(neg_per_group, 0) - neg_per_group
-    wins = (pos_per_group * (neg_below + 0.5 * neg_per_group)).sum()
-    return float(wins / (positives * negatives))
+    """Exact ROC AUC: the probability that a random positive outscores a random negative, ties counting one
+    half (``rectrain.metrics.auc``'s formula, unweighted). Scores need not be probabilities."""
+    p, y = _check_pair(predictions, labels)
+    return float(_compute_auc_helper(p, y, torch.ones_like(p), no_signal_value=math.nan))
 
 
 def log_loss(predictions: Tensor, labels: Tensor) -> float:
-    """Mean binary cross-entropy ``-(y log p + (1 - y) log(1 - p))`` with p clamped to [EPS, 1 - EPS]."""
+    """Mean binary cross-entropy in nats, ``-(y ln p + (1 - y) ln(1 - p))`` (p clamped as in NE)."""
     p, y = _check_pair(predictions, labels)
     if p.numel() == 0:
         return math.nan
-    return float(log_loss_sum(p, y) / p.numel())
-
-
-def log_loss_sum(predictions: Tensor, labels: Tensor) -> Tensor:
-    """Summed binary cross-entropy (float64 scalar), the additive part of log loss and NE."""
-    p = predictions.to(torch.float64).clamp(EPS, 1 - EPS)
-    y = labels.to(torch.float64)
-    return -(y * torch.log(p) + (1 - y) * torch.log1p(-p)).sum()
-
-
-def binary_entropy(rate: float) -> float:
-    """Entropy (nats) of a Bernoulli(rate); 0 at rate 0 or 1."""
-    if rate <= 0.0 or rate >= 1.0:
-        return 0.0
-    return -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+    ce = compute_cross_entropy(y, p, torch.ones_like(p), ETA).sum()
+    return float(ce) / p.numel() * LN2
 
 
 def normalized_entropy(predictions: Tensor, labels: Tensor) -> float:
-    """NE: log loss divided by the entropy of the base rate (mean label); < 1 beats predicting the rate."""
+    """Log loss over the entropy of the base rate (mean label); < 1 beats predicting the rate; NaN without
+    both classes (the base rate's entropy is 0)."""
     p, y = _check_pair(predictions, labels)
-    if p.numel() == 0:
+    pos, neg = y.sum(), (1 - y).sum()
+    if pos == 0 or neg == 0:
         return math.nan
-    return ne_from_sums(float(log_loss_sum(p, y)), float(y.sum()), p.numel())
-
-
-def ne_from_sums(loss_sum: float, label_sum: float, count: int) -> float:
-    """NE from summed log loss, summed labels and example count (what ranks all-reduce)."""
-    entropy = binary_entropy(label_sum / count) if count else 0.0
-    return loss_sum / count / entropy if entropy > 0 else math.nan
+    ce = compute_cross_entropy(y, p, torch.ones_like(p), ETA).sum()
+    return float(compute_ne(ce, torch.tensor(float(p.numel())), pos, neg, ETA))
 
 
 def accuracy(predictions: Tensor, labels: Tensor, threshold: float = 0.5) -> float:
@@ -82,14 +66,18 @@ def accuracy(predictions: Tensor, labels: Tensor, threshold: float = 0.5) -> flo
     p, y = _check_pair(predictions, labels)
     if p.numel() == 0:
         return math.nan
-    return float(((p >= threshold).to(torch.float64) == y).to(torch.float64).mean())
+    return float(compute_accuracy_sum(y, p, torch.ones_like(p), threshold)) / p.numel()
 
 
 def calibration(predictions: Tensor, labels: Tensor) -> float:
     """Sum of predictions over sum of labels: 1.0 when the model predicts the base rate on average."""
     p, y = _check_pair(predictions, labels)
-    label_sum = float(y.sum())
-    return float(p.sum()) / label_sum if label_sum > 0 else math.nan
+    sums = get_calibration_states(y, p, torch.ones_like(p))
+    return (
+        float(compute_calibration(sums[CALIBRATION_NUM], sums[CALIBRATION_DENOM]))
+        if y.sum() > 0
+        else math.nan
+    )
 
 
 def retrieval_scores(query_embeddings: Tensor, candidate_embeddings: Tensor) -> Tensor:

@@ -146,9 +146,10 @@ class TrainConfig:
     error naming the ranks that did not arrive (a hung or dead rank).
 
     ``progressive`` (default: on with ``data.follow``): score every batch before training on it (the training
-    forward's logits) and log AUC and NE over the last ``progressive_window`` examples of all ranks at every
-    ``log_every`` step (``rectrain.train.progressive``). ``metrics_port``: rank 0 serves Prometheus metrics
-    (``rectrain_step``, ``rectrain_progressive_auc``, ...) on this port.
+    forward's logits) and log AUC and NE over the last ``progressive_window`` examples of all ranks (default:
+    100,000 or one batch of every rank, whichever is more) at every ``log_every`` step
+    (``rectrain.train.progressive``). ``metrics_port``: rank 0 serves Prometheus metrics (``rectrain_step``,
+    ``rectrain_progressive_auc``, ...) on this port.
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -165,7 +166,7 @@ class TrainConfig:
     recall_k: int = field(default=10, metadata=positive())
     collective_timeout_s: float = field(default=600.0, metadata=positive())
     progressive: bool | None = None
-    progressive_window: int = field(default=100_000, metadata=positive())
+    progressive_window: int | None = field(default=None, metadata=positive())
     metrics_port: int | None = field(default=None, metadata=positive())
 
 

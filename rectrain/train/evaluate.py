@@ -1,10 +1,11 @@
 """One evaluation pass over held-out batches: AUC, NE, log loss, accuracy, calibration (and recall@K).
 
-Scores are ``sigmoid(prediction_model(dense, kjt))``. A two-tower model is also scored for retrieval:
-recall@K of each positive pair's item among the batch's distinct positive candidate items (as
-``rectrain.models.two_tower.evaluate_recall_at_k``), summed over every rank's batches. Every rank must call
-``evaluate`` at the same step (metrics and sharded lookups are collectives); the rank with the fewest
-held-out batches ends the pass for all.
+Scores are ``sigmoid(prediction_model(dense, kjt))``; the metrics are ``RecMetric``s (``MetricsComputer``,
+so the metrics log's AUC and NE are ``RecMetricModule``'s on the same scores). A two-tower model is also
+scored for retrieval: recall@K of each positive pair's item among the batch's distinct positive candidate
+items (as ``rectrain.models.two_tower.evaluate_recall_at_k``), summed over every rank's batches. Every rank
+must call ``evaluate`` at the same step (metrics and sharded lookups are collectives); the rank with the
+fewest held-out batches ends the pass for all.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 The training forward's logits are the model's scores before the update that batch causes (the optimizer
 steps after backward), so they are kept (``sigmoid`` of them, with the labels) in a sliding window of the
-latest ``train.progressive_window`` examples of the job (``WindowedMetrics``: ``window / W`` per rank) at no
-extra forward. At every ``train.log_every`` step the ranks gather their windows (one all-gather, at log steps
-only) and rank 0 logs ``{"event": "progressive", "step", "auc", "ne", "log_loss", "num_examples"}`` to the
-metrics log and TensorBoard. With ``train.metrics_port`` rank 0 also exports them, with the step and the
+latest ``train.progressive_window`` examples of the job (``WindowedMetrics``, the windowed ``AUCMetric``
+and ``NEMetric``: ``window / W`` per rank, which must hold a batch) at no extra forward. At every
+``train.log_every`` step the ranks gather their windows (one all-gather, at log steps only) and rank 0
+logs ``{"event": "progressive", "step", "auc", "ne", "log_loss", "num_examples"}`` to the metrics log and
+TensorBoard. With ``train.metrics_port`` rank 0 also exports them, with the step and the
 examples trained, as Prometheus gauges (``rectrain.train.prometheus``).
 """
 
@@ -25,6 +26,8 @@ from rectrain.train.progress import ProgressReporter
 from rectrain.train.prometheus import MetricsExporter
 from rectrain.train.sync import RankAgreement
 
+DEFAULT_WINDOW = 100_000  # examples, when train.progressive_window is not given (and a batch per rank fits)
+
 
 class OnlineMetrics:
     """The run's progressive window and Prometheus gauges (each only when configured)."""
@@ -35,7 +38,14 @@ class OnlineMetrics:
         self.log_every = config.train.log_every
         self.window: WindowedMetrics | None = None
         if config.progressive:
-            self.window = WindowedMetrics(math.ceil(config.train.progressive_window / world_size))
+            window, batch = config.train.progressive_window, config.train.batch_size
+            window = window or max(DEFAULT_WINDOW, batch * world_size)
+            if math.ceil(window / world_size) < batch:
+                raise ConfigError(
+                    f"{config.source}: train.progressive_window = {window} must hold a batch on every rank "
+                    f"(train.batch_size {batch} x {world_size} ranks = {batch * world_size} examples or more)"
+                )
+            self.window = WindowedMetrics(window, world_size, batch)
         port, error = config.train.metrics_port, None
         self.exporter: MetricsExporter | None = None
         try:
