@@ -125,7 +125,7 @@ def _out_of_range(delta):
 
 
 def _dense_shape(delta):
-    key = next(iter(delta.dense))
+    key = next(k for k, v in delta.dense.items() if v.dim() and v.shape[0] > 1)
     return dataclasses.replace(delta, dense={**delta.dense, key: delta.dense[key][:1]})
 
 
