@@ -1,7 +1,7 @@
 """Build hook: generate the gRPC stubs from protos/ before the Python files are collected.
 
 Everything else about the project lives in pyproject.toml. The generator is loaded by path, so building
-does not import recserve (or torch); see recserve/server/protogen.py.
+does not import recserve (or torch); see recserve/server/transports/protogen.py.
 """
 
 import importlib.util
@@ -16,7 +16,7 @@ GENERATED_PACKAGES = ["recserve.v1", "recserve.oip"]
 
 def _protogen():
     spec = importlib.util.spec_from_file_location(
-        "_recserve_protogen", ROOT / "recserve" / "server" / "protogen.py"
+        "_recserve_protogen", ROOT / "recserve" / "server" / "transports" / "protogen.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

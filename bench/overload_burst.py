@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from recserve.client import PredictorClient
 from recserve.client.burst import fire_burst
 from recserve.export import export_package
-from recserve.server.codec import encode_predict_request
+from recserve.server.transports.codec import encode_predict_request
 from rectrain import EmbeddingBagConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig

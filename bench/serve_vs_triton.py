@@ -48,8 +48,8 @@ from recserve.client.openloop import OpenLoopConfig, run_open_loop
 from recserve.export import export_package
 from recserve.export.triton_repository import TritonOptions, write_triton_repository
 from recserve.runtime import Predictor
-from recserve.server.arrays import from_raw
-from recserve.server.protos import oip_pb2
+from recserve.server.dataplane.arrays import from_raw
+from recserve.server.transports.protos import oip_pb2
 from rectrain import EmbeddingBagConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,8 +10,8 @@ from recserve.client.cli import add_client_commands
 from recserve.errors import RecServeError
 from recserve.export.cli import add_export_command
 from recserve.mainjob.cli import add_main_command
-from recserve.server.cli import add_serve_commands
-from recserve.server.workers import one_line
+from recserve.server.operations.cli import add_serve_commands
+from recserve.server.operations.workers import one_line
 from rectrain.errors import RecTrainError
 
 

@@ -104,7 +104,7 @@ if [ -n "$HOUSE" ]; then
   ls -l "$HOUSE"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --find-links "$HOUSE" "$HOUSE"/*.whl
 fi
-"$PY" -m recserve.server.protogen >/dev/null
+"$PY" -m recserve.server.transports.protogen >/dev/null
 "$PY" -c "import fbgemm_gpu, torchrec, rectrain, recserve.v1.predictor_pb2; print(\"imports ok\")"'
 
 VERSIONS='"$PY" scripts/device_check_report.py versions'

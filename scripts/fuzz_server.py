@@ -39,16 +39,16 @@ from google.protobuf.descriptor import FieldDescriptor
 
 with atheris.instrument_imports(include=["recserve.server"]):
     from recserve.errors import InvalidRequestError, PermissionDeniedError
-    from recserve.server.app import RecServer
-    from recserve.server.codec import decode_predict_request, encode_predict_request
-    from recserve.server.config import ServeConfig
-    from recserve.server.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
-    from recserve.server.oip import decode_batchable, decode_infer_request
-    from recserve.server.parts import RequestParts
-    from recserve.server.protos import oip_pb2, pb2
-    from recserve.server.rest_codec import infer_request, split_body
-    from recserve.server.servicer import decode_batchable as decode_v1_batchable
-    from recserve.server.validation import admit_request, check_request
+    from recserve.server.dataplane.parts import RequestParts
+    from recserve.server.dataplane.validation import admit_request, check_request
+    from recserve.server.operations.app import RecServer
+    from recserve.server.operations.config import ServeConfig
+    from recserve.server.transports.codec import decode_predict_request, encode_predict_request
+    from recserve.server.transports.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
+    from recserve.server.transports.oip import decode_batchable, decode_infer_request
+    from recserve.server.transports.protos import oip_pb2, pb2
+    from recserve.server.transports.rest_codec import infer_request, split_body
+    from recserve.server.transports.servicer import decode_batchable as decode_v1_batchable
 
 from recserve.export import export_package  # noqa: E402
 from rectrain import EmbeddingBagConfig  # noqa: E402

@@ -18,4 +18,4 @@ case "$VENV" in
   *) export PATH="$PWD/$VENV/bin:$PATH" ;;
 esac
 # gRPC stubs from protos/ (git-ignored; regenerated when a .proto is newer than its stubs)
-"$VENV/bin/python" -m recserve.server.protogen --check || "$VENV/bin/python" -m recserve.server.protogen >/dev/null
+"$VENV/bin/python" -m recserve.server.transports.protogen --check || "$VENV/bin/python" -m recserve.server.transports.protogen >/dev/null

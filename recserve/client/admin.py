@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recserve.client.client import open_channel
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.transports.protos import pb2, pb2_grpc
 
 DEFAULT_ADMIN_TARGET = "127.0.0.1:50052"
 TOKEN_ENV = "RECSERVE_ADMIN_TOKEN"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from recserve.server.protos import PREDICTOR_SERVICE
+from recserve.server.transports.protos import PREDICTOR_SERVICE
 
 PREDICT_METHOD = f"/{PREDICTOR_SERVICE}/Predict"
 

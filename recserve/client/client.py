@@ -18,8 +18,8 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from torch import Tensor
 
-from recserve.server.codec import encode_predict_request, scores_of
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.transports.codec import encode_predict_request, scores_of
+from recserve.server.transports.protos import pb2, pb2_grpc
 from rectrain.sparse import KeyedJaggedTensor
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024

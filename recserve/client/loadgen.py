@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from recserve.client.client import PredictorClient, ServedModel
-from recserve.server.codec import encode_predict_request
+from recserve.server.transports.codec import encode_predict_request
 
 PREDICT_METHOD = "/recserve.v1.Predictor/Predict"
 

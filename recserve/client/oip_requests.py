@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from recserve.client.client import ServedModel
-from recserve.server.arrays import encode_raw
-from recserve.server.protos import OIP_SERVICE, oip_pb2
+from recserve.server.dataplane.arrays import encode_raw
+from recserve.server.transports.protos import OIP_SERVICE, oip_pb2
 from rectrain.sparse import KeyedJaggedTensor
 
 MODEL_INFER_METHOD = f"/{OIP_SERVICE}/ModelInfer"

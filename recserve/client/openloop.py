@@ -111,7 +111,7 @@ async def _arrivals(target, method, requests, rate, channels, t0, t_from, t_to, 
 
     parse = None
     if reply_timings:
-        from recserve.server.protos import pb2
+        from recserve.server.transports.protos import pb2
 
         parse = pb2.PredictResponse.FromString
 

@@ -1,12 +1,11 @@
 """The Triton Python-backend model that serves a recserve package (``model.py`` imports it from here).
 
-Triton's dynamic batcher hands ``execute`` a list of requests; each is one request of the package's wire
-form with a leading dimension of 1 (``dense`` ``[1, B, W]``, ``<f>.lengths`` ``[1, B]``, ``<f>.values``
-``[1, N]``: the repository batches requests, and ragged batching lets their B and N differ). They are
-scored by the batch function ``recserve serve`` runs (:class:`recserve.server.scoring.BatchScorer`): merged,
-checked over the merged batch, one ``Predictor.predict``, split; a request at fault gets its own error
-naming the field, the others their scores. The backend's interpreter must import recserve and torch
-(``PYTHONPATH``).
+Triton's dynamic batcher hands ``execute`` a list of requests; each is one request of the package's wire form
+with a leading dimension of 1 (``dense`` ``[1, B, W]``, ``<f>.lengths`` ``[1, B]``, ``<f>.values`` ``[1, N]``:
+the repository batches requests, and ragged batching lets their B and N differ). They are scored by the batch
+function ``recserve serve`` runs (:class:`recserve.server.dataplane.scoring.BatchScorer`): merged, checked
+over the merged batch, one ``Predictor.predict``, split; a request at fault gets its own error naming the
+field, the others their scores. The backend's interpreter must import recserve and torch (``PYTHONPATH``).
 
 Model parameters (``config.pbtxt``): ``torch_threads`` (intra-op threads of this instance) and
 ``max_examples_per_request``.
@@ -24,10 +23,10 @@ import numpy as np
 import torch
 
 from recserve.errors import InvalidRequestError
-from recserve.server.arrays import OIP_FIELDS, FeatureArrays
-from recserve.server.parts import RequestParts
-from recserve.server.scoring import BatchItem, BatchScorer
-from recserve.server.validation import ModelSchema, admit_request, check_request
+from recserve.server.dataplane.arrays import OIP_FIELDS, FeatureArrays
+from recserve.server.dataplane.parts import RequestParts
+from recserve.server.dataplane.scoring import BatchItem, BatchScorer
+from recserve.server.dataplane.validation import ModelSchema, admit_request, check_request
 
 logger = logging.getLogger(__name__)
 

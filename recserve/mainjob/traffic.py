@@ -22,8 +22,8 @@ import numpy as np
 from recserve.client import PredictorClient
 from recserve.client.client import open_channel
 from recserve.client.loadgen import build_requests
-from recserve.server.codec import scores_of
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.transports.codec import scores_of
+from recserve.server.transports.protos import pb2, pb2_grpc
 from rectrain.models.batch import Batch
 
 

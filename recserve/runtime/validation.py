@@ -8,7 +8,7 @@ fed a KJT rebuilt from the checked offsets only, so a stale or forged cache (``l
 disagree with offsets) cannot steer them. Errors are ``InvalidRequestError`` naming the field, the feature
 and the numbers; the server passes its wire's :class:`RequestFields`, so that its clients read the names of
 the fields they sent (it maps the errors to INVALID_ARGUMENT). These are the only checks of a request's data:
-the server adds only the rules of its wire (``recserve.server.validation``).
+the server adds only the rules of its wire (``recserve.server.dataplane.validation``).
 """
 
 from __future__ import annotations

@@ -18,13 +18,15 @@ def dockerfile() -> Dockerfile:
 def declared_metrics() -> dict[str, set[str]]:
     """Each sample name the server may export (``recserve_requests_total``, ``*_bucket``, ...) -> its labels.
 
-    Read from the collectors ``recserve.server.metrics.ServerMetrics`` registers, so a metric renamed or
-    dropped in the code fails the dashboards and alert rules that still use it.
+    Read from the collectors ``recserve.server.operations.metrics.ServerMetrics`` registers, so a metric
+    renamed or dropped in the code fails the dashboards and alert rules that still use it.
     """
     try:
-        from recserve.server.metrics import ServerMetrics
+        from recserve.server.operations.metrics import ServerMetrics
     except ImportError as e:
-        pytest.fail(f"deploy/ needs recserve.server.metrics.ServerMetrics to check its metric names: {e}")
+        pytest.fail(
+            f"deploy/ needs recserve.server.operations.metrics.ServerMetrics to check its metric names: {e}"
+        )
     registry = CollectorRegistry()
     ServerMetrics(registry)
     declared: dict[str, set[str]] = {}

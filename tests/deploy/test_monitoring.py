@@ -1,5 +1,6 @@
 """Alert rules and dashboards use only metrics and labels the server declares (read from
-``recserve.server.metrics``), and the scrape configs point at the port the server serves /metrics on."""
+``recserve.server.operations.metrics``), and the scrape configs point at the port the server serves /metrics
+on."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def check_query(expr: str, declared: dict[str, set[str]], where: str) -> set[str
     labels_in_scope = set(TARGET_LABELS)
     for selector in query.selectors:
         assert selector.metric in known, (
-            f"{where}: metric {selector.metric!r} is not declared in recserve/server/metrics.py "
+            f"{where}: metric {selector.metric!r} is not declared in recserve/server/operations/metrics.py "
             f"(declared: {sorted(n for n in declared if not n.endswith('_created'))})"
         )
         allowed = known[selector.metric] | TARGET_LABELS
@@ -57,7 +58,7 @@ def test_alert_rules_cover_latency_errors_and_queue_with_declared_metrics(declar
 
 
 def test_latency_alert_threshold_is_a_histogram_bucket_boundary():
-    from recserve.server.metrics import LATENCY_BUCKETS
+    from recserve.server.operations.metrics import LATENCY_BUCKETS
 
     (rule,) = [r for r in alert_rules() if r["alert"] == "RecserveHighP99Latency"]
     threshold = float(re.search(r">\s*([0-9.]+)\s*$", rule["expr"].strip()).group(1))

@@ -14,8 +14,8 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from recserve.export import export_package
-from recserve.server.app import RecServer
-from recserve.server.config import ServeConfig
+from recserve.server.operations.app import RecServer
+from recserve.server.operations.config import ServeConfig
 from rectrain import EmbeddingBagConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from hypothesis import strategies as st
 
-from recserve.server.protos import oip_pb2, pb2
+from recserve.server.transports.protos import oip_pb2, pb2
 
 from .conftest import DENSE, FEATURES, ROWS
 

@@ -9,8 +9,8 @@ import pytest
 
 from recserve.cli import main
 from recserve.client import AdminClient, PredictorClient
-from recserve.server.config import ServeConfig, ServeConfigError, is_loopback
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.operations.config import ServeConfig, ServeConfigError, is_loopback
+from recserve.server.transports.protos import pb2, pb2_grpc
 
 from .conftest import admin_target, running_server, scrape, target
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from recserve.errors import DeadlineExceededError, OverloadedError, UnavailableError
-from recserve.server.batcher import BatcherConfig, DynamicBatcher
+from recserve.server.dataplane.batcher import BatcherConfig, DynamicBatcher
 
 
 class Recorder:

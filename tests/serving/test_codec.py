@@ -9,10 +9,15 @@ from hypothesis import strategies as st
 
 from recserve.errors import InvalidRequestError
 from recserve.runtime import PackageMetadata
-from recserve.server.codec import decode_predict_request, encode_predict_request, scores_of, set_scores
-from recserve.server.protos import pb2
-from recserve.server.runner import merge_requests
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.dataplane.runner import merge_requests
+from recserve.server.dataplane.validation import ModelSchema, check_request
+from recserve.server.transports.codec import (
+    decode_predict_request,
+    encode_predict_request,
+    scores_of,
+    set_scores,
+)
+from recserve.server.transports.protos import pb2
 from rectrain.sparse import KeyedJaggedTensor
 
 FEATURES = ["a", "b", "c"]

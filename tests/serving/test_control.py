@@ -11,7 +11,7 @@ import pytest
 
 from recserve.client import PredictorClient
 from recserve.errors import PackageError, UnavailableError
-from recserve.server.control import SharedControl
+from recserve.server.operations.control import SharedControl
 
 from .conftest import copy_package, random_batch, running_server, target
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 import requests
 
-from recserve.server.config import ServeConfig, ServeConfigError
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.operations.config import ServeConfig, ServeConfigError
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import random_batch, running_server, target
 from .test_oip import infer_request

@@ -25,10 +25,10 @@ from recserve.errors import StartupError
 from recserve.export import export_package
 from recserve.export.delta import write_delta
 from recserve.runtime import Predictor
-from recserve.server.codec import scores_of
-from recserve.server.config import ServeConfig, ServeConfigError
-from recserve.server.metrics import FRESHNESS, MODEL_TIMESTAMP, _WorkerFiles
-from recserve.server.protos import oip_pb2_grpc
+from recserve.server.operations.config import ServeConfig, ServeConfigError
+from recserve.server.operations.metrics import FRESHNESS, MODEL_TIMESTAMP, _WorkerFiles
+from recserve.server.transports.codec import scores_of
+from recserve.server.transports.protos import oip_pb2_grpc
 from rectrain.models import build_model
 
 from .conftest import free_port, model_config, parse_metrics, random_batch, running_server, scrape, wait_for

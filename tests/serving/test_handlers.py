@@ -8,8 +8,8 @@ import time
 import pytest
 
 from recserve.errors import InvalidRequestError
-from recserve.server.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
-from recserve.server.protos import oip_pb2, oip_pb2_grpc, pb2
+from recserve.server.transports.handlers import DecodeFailureLog, UndecodableRequest, method_handlers
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc, pb2
 
 
 class Clock:
@@ -23,7 +23,7 @@ class Clock:
 def test_failures_are_logged_once_per_interval_with_the_count_since_the_last_line(caplog):
     clock = Clock()
     log = DecodeFailureLog(interval_s=60.0, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="recserve.server.handlers"):
+    with caplog.at_level(logging.WARNING, logger="recserve.server.transports.handlers"):
         log.record("/m", "bad")  # the first is logged at once
         for t in (1.0, 2.0, 59.0):
             clock.now = t
@@ -43,7 +43,7 @@ def test_failures_are_logged_once_per_interval_with_the_count_since_the_last_lin
 
 def test_a_burst_that_stops_is_still_reported_when_its_interval_ends(caplog):
     log = DecodeFailureLog(interval_s=0.2)
-    with caplog.at_level(logging.WARNING, logger="recserve.server.handlers"):
+    with caplog.at_level(logging.WARNING, logger="recserve.server.transports.handlers"):
         for _ in range(5):
             log.record("/m", "bad")
         deadline = time.monotonic() + 5

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from recserve.client import PredictorClient
-from recserve.server.codec import encode_predict_request, scores_of
+from recserve.server.transports.codec import encode_predict_request, scores_of
 from recserve.v1 import predictor_pb2_grpc
 
 from .conftest import random_batch, request_counts, running_server, target

@@ -12,11 +12,11 @@ import requests
 import torch
 
 from recserve.errors import NonFiniteScoresError
-from recserve.server.arrays import FeatureArrays
-from recserve.server.batcher import BatcherConfig
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
-from recserve.server.runner import ModelRunner
-from recserve.server.validation import check_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.batcher import BatcherConfig
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.dataplane.validation import check_request
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import DENSE, random_batch, running_server, scrape, target
 from .test_oip import infer_request

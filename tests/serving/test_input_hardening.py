@@ -16,10 +16,10 @@ import torch
 
 from recserve.errors import InvalidRequestError
 from recserve.export import export_package
-from recserve.server.arrays import FeatureArrays
-from recserve.server.codec import encode_predict_request
-from recserve.server.protos import oip_pb2, oip_pb2_grpc, pb2, pb2_grpc
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.validation import ModelSchema, check_request
+from recserve.server.transports.codec import encode_predict_request
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc, pb2, pb2_grpc
 from rectrain import EmbeddingBagConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig
@@ -157,7 +157,7 @@ def test_undecodable_messages_are_invalid_argument_counted_and_logged_once(packa
     ]
     with running_server(packages["1"], max_queue_delay_ms=1) as server:
         call = _raw_call(server, method)
-        with caplog.at_level(logging.WARNING, logger="recserve.server.handlers"):
+        with caplog.at_level(logging.WARNING, logger="recserve.server.transports.handlers"):
             for data in garbage:
                 with pytest.raises(grpc.RpcError) as info:
                     call(data, timeout=10)
@@ -165,7 +165,7 @@ def test_undecodable_messages_are_invalid_argument_counted_and_logged_once(packa
                 assert "is not a valid" in info.value.details()
         assert call(valid().SerializeToString(), timeout=10)  # and the server still answers
         counted = scrape(server)["recserve_requests_total"]
-    logged = [r for r in caplog.records if r.name == "recserve.server.handlers"]
+    logged = [r for r in caplog.records if r.name == "recserve.server.transports.handlers"]
     assert len(logged) == 1 and "1 undecodable request(s)" in logged[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)
     assert counted[(("code", "INVALID_ARGUMENT"), ("method", method.lstrip("/")))] == len(garbage)

@@ -10,15 +10,15 @@ import torch
 from recserve.client.oip_requests import infer_request
 from recserve.errors import InvalidRequestError
 from recserve.runtime import Predictor
-from recserve.server.batcher import BatcherConfig
-from recserve.server.codec import decode_predict_request, encode_predict_request
-from recserve.server.core import InferenceCore
-from recserve.server.oip import decode_batchable, decode_infer_request
-from recserve.server.parts import RequestParts
-from recserve.server.protos import oip_pb2, pb2
-from recserve.server.runner import ModelRunner
-from recserve.server.servicer import decode_batchable as decode_v1
-from recserve.server.validation import check_request
+from recserve.server.dataplane.batcher import BatcherConfig
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.parts import RequestParts
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.dataplane.validation import check_request
+from recserve.server.transports.codec import decode_predict_request, encode_predict_request
+from recserve.server.transports.oip import decode_batchable, decode_infer_request
+from recserve.server.transports.protos import oip_pb2, pb2
+from recserve.server.transports.servicer import decode_batchable as decode_v1
 
 from .conftest import random_batch
 from .test_oip import infer_request as typed_infer_request

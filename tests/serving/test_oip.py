@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recserve.runtime import Predictor
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import FEATURES, random_batch, running_server, target
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from recserve.errors import InvalidRequestError
-from recserve.server.oip import decode_infer_request
-from recserve.server.protos import oip_pb2_grpc
-from recserve.server.validation import ModelSchema
+from recserve.server.dataplane.validation import ModelSchema
+from recserve.server.transports.oip import decode_infer_request
+from recserve.server.transports.protos import oip_pb2_grpc
 
 from .conftest import DENSE, FEATURES, ROWS, random_batch, running_server, target
 from .test_oip import infer_request

@@ -11,8 +11,8 @@ import pytest
 
 from recserve.client import PredictorClient
 from recserve.client.burst import fire_burst
-from recserve.server.admission import AdmissionLimit, QueueLag, default_max_inflight
-from recserve.server.codec import encode_predict_request, scores_of
+from recserve.server.transports.admission import AdmissionLimit, QueueLag, default_max_inflight
+from recserve.server.transports.codec import encode_predict_request, scores_of
 
 from .conftest import (
     counts_in,
@@ -64,7 +64,7 @@ def test_calls_over_the_limit_are_refused_at_once_and_probes_still_answer(packag
 def test_grpc_level_refusals_are_counted(package, monkeypatch):
     # One pool thread (no reading threads): while it is taken, gRPC itself refuses every other call
     # ("Concurrent RPC limit").
-    monkeypatch.setattr("recserve.server.app.READING_THREADS", 0)
+    monkeypatch.setattr("recserve.server.operations.app.READING_THREADS", 0)
     with running_server(package, max_inflight=1, grpc_threads=1, max_queue_delay_ms=1000) as server:
         client = PredictorClient(target(server))
         held = client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10)

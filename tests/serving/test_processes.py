@@ -16,8 +16,8 @@ import pytest
 
 from recserve.client import AdminClient, PredictorClient
 from recserve.client.loadgen import LoadgenConfig, run_loadgen
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
-from recserve.server.workers import cpu_groups
+from recserve.server.operations.workers import cpu_groups
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import copy_package, free_port, parse_metrics, random_batch
 from .test_oip import infer_request
@@ -448,8 +448,8 @@ def test_workers_that_cannot_load_the_package_stop_cleanly_with_one_line_each(tm
 
 
 def test_workers_default_to_one_per_cpu_on_cpu():
-    from recserve.server.config import ServeConfigError
-    from recserve.server.workers import resolve_workers
+    from recserve.server.operations.config import ServeConfigError
+    from recserve.server.operations.workers import resolve_workers
 
     cpus = len(os.sched_getaffinity(0))
     assert resolve_workers("auto", "cpu", (50051, -1, 50052)) == cpus

@@ -9,8 +9,8 @@ import pytest
 from google import protobuf
 from google.protobuf import descriptor_pool
 
-from recserve.server import protogen
-from recserve.server.protos import oip_pb2, pb2
+from recserve.server.transports import protogen
+from recserve.server.transports.protos import oip_pb2, pb2
 
 
 def test_oip_messages_stay_out_of_the_default_pool():
@@ -27,7 +27,7 @@ def test_oip_messages_stay_out_of_the_default_pool():
 def test_a_file_defining_the_same_inference_symbols_imports_beside_ours():
     """What tritonclient's service_pb2 does, in a fresh interpreter that imported ours first."""
     code = (
-        "from recserve.server.protos import oip_pb2\n"
+        "from recserve.server.transports.protos import oip_pb2\n"
         "from google.protobuf import descriptor_pool\n"
         "descriptor_pool.Default().AddSerializedFile(oip_pb2.DESCRIPTOR.serialized_pb)\n"
         "print('ok')\n"

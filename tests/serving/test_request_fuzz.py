@@ -13,7 +13,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
-from recserve.server.protos import oip_pb2_grpc, pb2_grpc
+from recserve.server.transports.protos import oip_pb2_grpc, pb2_grpc
 
 from .conftest import running_server, target
 from .strategies import (

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recserve.errors import InvalidRequestError
-from recserve.server.oip import decode_infer_request
-from recserve.server.rest_codec import infer_request, message_json, split_body
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.dataplane.validation import ModelSchema, check_request
+from recserve.server.transports.oip import decode_infer_request
+from recserve.server.transports.rest_codec import infer_request, message_json, split_body
 
 SCHEMA = ModelSchema(
     model_name="tiny",
@@ -103,7 +103,7 @@ def test_a_bad_header_length_is_named(header):
 
 
 def test_message_json_writes_64_bit_integers_as_numbers():
-    from recserve.server.protos import oip_pb2
+    from recserve.server.transports.protos import oip_pb2
 
     stats = oip_pb2.ModelStatistics(name="m", inference_count=2**40)
     stats.inference_stats.queue.ns = 7

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from recserve.server.rest_connections import ConnectionPool
+from recserve.server.transports.rest_connections import ConnectionPool
 
 from .conftest import random_batch, request_counts, running_server, wait_for
 from .test_rest import json_body

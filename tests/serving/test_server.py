@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from recserve.client import PredictorClient
 from recserve.runtime import Predictor
-from recserve.server.codec import encode_predict_request
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.transports.codec import encode_predict_request
+from recserve.server.transports.protos import pb2, pb2_grpc
 
 from .conftest import FEATURES, random_batch, running_server, scrape, target
 
@@ -199,7 +199,7 @@ def test_message_size_limit(package):
 
 
 def test_server_binds_loopback_by_default():
-    from recserve.server.config import ServeConfig
+    from recserve.server.operations.config import ServeConfig
 
     assert ServeConfig(package="x").host == "127.0.0.1"
 

@@ -13,9 +13,9 @@ import time
 import grpc
 import requests
 
-from recserve.server.app import connection_options
-from recserve.server.config import ServeConfig
-from recserve.server.protos import oip_pb2_grpc
+from recserve.server.operations.app import connection_options
+from recserve.server.operations.config import ServeConfig
+from recserve.server.transports.protos import oip_pb2_grpc
 
 from .conftest import random_batch, request_counts, running_server, target, wait_for
 from .test_oip import infer_request

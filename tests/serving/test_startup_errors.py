@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recserve.server.reload import newest_version_dir
+from recserve.server.operations.reload import newest_version_dir
 from tests.runtime.test_package_headers import rewrite_header, table_file
 
 from .conftest import free_port

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from recserve.client import PredictorClient
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
 
 from .conftest import FEATURES, random_batch, running_server, target
 from .test_oip import infer_request

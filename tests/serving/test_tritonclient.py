@@ -110,7 +110,7 @@ _BOTH_IN_ONE_PROCESS = """
 import sys
 import tritonclient.grpc as grpcclient  # registers inference.* in protobuf's default pool
 from recserve.client import PredictorClient, kjt_from_lists
-from recserve.server.protos import oip_pb2  # our inference.* messages: a private pool, no clash
+from recserve.server.transports.protos import oip_pb2  # our inference.* messages: a private pool, no clash
 import numpy as np, torch
 
 target = sys.argv[1]

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from recserve.errors import InvalidRequestError
 from recserve.runtime import Predictor
-from recserve.server.arrays import FeatureArrays
-from recserve.server.batcher import BatcherConfig
-from recserve.server.runner import ModelRunner
-from recserve.server.validation import admit_request, check_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.batcher import BatcherConfig
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.dataplane.validation import admit_request, check_request
 
 from .conftest import random_batch
 from .strategies import SPEC_BREAKS, Spec, break_spec, valid_specs

@@ -14,7 +14,7 @@ from recserve.cli import main as recserve_main
 from recserve.errors import InvalidRequestError, PackageError
 from recserve.runtime import Predictor
 from recserve.runtime.dense_bounds import DenseBounds, bounds_from_range
-from recserve.server.protos import pb2, pb2_grpc
+from recserve.server.transports.protos import pb2, pb2_grpc
 from rectrain.cli import main as rectrain_main
 from rectrain.train.dense_range import DenseRange
 from tests.distributed.multiprocess import run_multiprocess

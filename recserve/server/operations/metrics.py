@@ -29,7 +29,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 MODEL_TIMESTAMP = "recserve_model_timestamp_seconds"
 FRESHNESS = "recserve_model_freshness_seconds"
-# Why a delta was refused (recserve.server.follow): the labels of recserve_model_deltas_refused_total.
+# Why a delta was refused (recserve.server.operations.follow): recserve_model_deltas_refused_total's labels.
 DELTA_REFUSALS = ("sequence", "base", "invalid", "apply")
 
 

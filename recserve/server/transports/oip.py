@@ -23,14 +23,14 @@ from torch import Tensor
 
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
-from recserve.server.admin import AUTH_METADATA_KEY
-from recserve.server.arrays import OIP_FIELDS, FeatureArrays, encode_raw
-from recserve.server.core import InferenceCore
-from recserve.server.parts import OipLayout, RequestParts
-from recserve.server.protos import oip_pb2, oip_pb2_grpc
-from recserve.server.servicer import request_deadline
-from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
-from recserve.server.validation import ModelSchema, check_request, check_weighted
+from recserve.server.dataplane.arrays import OIP_FIELDS, FeatureArrays, encode_raw
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.parts import OipLayout, RequestParts
+from recserve.server.dataplane.validation import ModelSchema, check_request, check_weighted
+from recserve.server.operations.admin import AUTH_METADATA_KEY
+from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc
+from recserve.server.transports.servicer import request_deadline
+from recserve.server.transports.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 
 DENSE_INPUT = "dense"
 SCORES_OUTPUT = "scores"
@@ -267,7 +267,7 @@ def _feature_weights(feature: str, weights: Tensor, values: Tensor) -> Tensor:
 
 class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
     """The OIP v2 service: health, metadata and ModelInfer over :class:`InferenceCore`, plus Triton's model
-    configuration, statistics and repository extensions (:mod:`recserve.server.triton_ext`)."""
+    configuration, statistics and repository extensions (:mod:`recserve.server.transports.triton_ext`)."""
 
     def __init__(self, core: InferenceCore, repository: Repository, *, device: str = "cpu") -> None:
         self._core = core

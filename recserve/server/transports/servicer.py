@@ -6,12 +6,12 @@ import time
 
 import grpc
 
-from recserve.server.arrays import FeatureArrays
-from recserve.server.codec import decode_predict_request, set_scores
-from recserve.server.core import InferenceCore, InferenceResult
-from recserve.server.parts import RequestParts, v1_parts
-from recserve.server.protos import pb2, pb2_grpc
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.core import InferenceCore, InferenceResult
+from recserve.server.dataplane.parts import RequestParts, v1_parts
+from recserve.server.dataplane.validation import ModelSchema, check_request
+from recserve.server.transports.codec import decode_predict_request, set_scores
+from recserve.server.transports.protos import pb2, pb2_grpc
 
 # grpc reports "no deadline" as a huge remaining time rather than None on some versions.
 _NO_DEADLINE_SECONDS = 1e8

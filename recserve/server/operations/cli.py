@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from recserve.server.config import ADMIN_TOKEN_ENV, MODEL_CONTROL_MODES
+from recserve.server.operations.config import ADMIN_TOKEN_ENV, MODEL_CONTROL_MODES
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -193,8 +193,8 @@ def _workers_flag(text: str) -> int | str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from recserve.server.config import ServeConfig
-    from recserve.server.workers import resolve_workers, serve
+    from recserve.server.operations.config import ServeConfig
+    from recserve.server.operations.workers import resolve_workers, serve
 
     logging.getLogger("recserve").setLevel(min(logging.INFO, logging.getLogger().getEffectiveLevel()))
     cfg = ServeConfig(

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from recserve.errors import DeadlineExceededError, ModelNotFoundError, UnavailableError
-from recserve.server.arrays import FeatureArrays
-from recserve.server.parts import RequestParts
-from recserve.server.runner import BatchItem, ModelRunner
-from recserve.server.validation import ModelSchema, admit_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.parts import RequestParts
+from recserve.server.dataplane.runner import BatchItem, ModelRunner
+from recserve.server.dataplane.validation import ModelSchema, admit_request
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ checkout works before anyone ran the build step.
 
 from google.protobuf import descriptor_pool
 
-from recserve.server.protogen import ensure_generated
+from recserve.server.transports.protogen import ensure_generated
 
 ensure_generated()
 

@@ -3,7 +3,7 @@
 Start-up order: load and warm up the package, build the core, bind the port, start serving, then report
 SERVING on the health service (so readiness means "answers at full speed"). Shutdown (SIGTERM/SIGINT): health
 goes NOT_SERVING, the port stops accepting RPCs, RPCs in flight and queued requests finish, then exit 0.
-The admin service (reload) is a second gRPC server on its own port (:mod:`recserve.server.admin`).
+The admin service (reload) is a second gRPC server on its own port (:mod:`recserve.server.operations.admin`).
 """
 
 from __future__ import annotations
@@ -22,26 +22,26 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from recserve.errors import StartupError
-from recserve.server.admin import build_admin_server
-from recserve.server.admission import AdmissionLimit, QueueLag, private_socket
-from recserve.server.batcher import BatcherConfig
-from recserve.server.budget import MemoryBudget
-from recserve.server.config import ServeConfig
-from recserve.server.control import ModelControl, SharedControl
-from recserve.server.core import InferenceCore
-from recserve.server.follow import Follower
-from recserve.server.handlers import DecodeFailureLog, add_service
-from recserve.server.metrics import ServerMetrics, start_metrics_http_server
-from recserve.server.oip import InferenceServicer
-from recserve.server.ports import bind_grpc, bind_with
-from recserve.server.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
-from recserve.server.reads import ReadWatch, WatchedPool, fast_read_slots
-from recserve.server.reload import Reloader, check_version_dir, newest_version_dir
-from recserve.server.rest import RestApi, RestServer
-from recserve.server.runner import ModelRunner
-from recserve.server.servicer import PredictorServicer
-from recserve.server.status import StatusInterceptor
-from recserve.server.triton_ext import Repository
+from recserve.server.dataplane.batcher import BatcherConfig
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.operations.admin import build_admin_server
+from recserve.server.operations.config import ServeConfig
+from recserve.server.operations.control import ModelControl, SharedControl
+from recserve.server.operations.follow import Follower
+from recserve.server.operations.metrics import ServerMetrics, start_metrics_http_server
+from recserve.server.operations.ports import bind_grpc, bind_with
+from recserve.server.operations.reload import Reloader, check_version_dir, newest_version_dir
+from recserve.server.transports.admission import AdmissionLimit, QueueLag, private_socket
+from recserve.server.transports.budget import MemoryBudget
+from recserve.server.transports.handlers import DecodeFailureLog, add_service
+from recserve.server.transports.oip import InferenceServicer
+from recserve.server.transports.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
+from recserve.server.transports.reads import ReadWatch, WatchedPool, fast_read_slots
+from recserve.server.transports.rest import RestApi, RestServer
+from recserve.server.transports.servicer import PredictorServicer
+from recserve.server.transports.status import StatusInterceptor
+from recserve.server.transports.triton_ext import Repository
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class RecServer:
             watched = (f"/{PREDICTOR_SERVICE}/Predict", f"/{OIP_SERVICE}/ModelInfer")
             self.lag = QueueLag(watched, target_s=cfg.max_queue_lag_ms / 1000.0)
         # One budget for what requests hold once arrived, over gRPC and REST alike; gRPC messages stream into
-        # memory at full speed a few at a time (recserve.server.reads).
+        # memory at full speed a few at a time (recserve.server.transports.reads).
         self.budget = MemoryBudget(cfg.effective_request_memory)
         self.read_watch = ReadWatch(
             read_timeout_s=cfg.grpc_read_timeout_s,
@@ -204,7 +204,7 @@ class RecServer:
             # and 3,000 pending, as CANCELLED, seen by no interceptor): let admission control decide instead.
             ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
             ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
-            # Messages reach the handler as sent, to be inflated under the budget (recserve.server.reads).
+            # Handlers get messages as sent, inflated under the budget (recserve.server.transports.reads).
             ("grpc.per_message_decompression", 0),
             # Without BDP probing a stream's receive window stays small until its message is read, so gRPC
             # core does not buffer messages that no pool thread reads yet.

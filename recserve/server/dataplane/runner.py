@@ -1,7 +1,7 @@
 """One loaded model version: its predictor, the schema requests are checked against, and its own batcher.
 
-A batch is scored by :class:`recserve.server.scoring.BatchScorer`: merged into one KeyedJaggedTensor (per
-key, the requests' rows one after another), scored by one ``predictor.predict`` call, split back per
+A batch is scored by :class:`recserve.server.dataplane.scoring.BatchScorer`: merged into one KeyedJaggedTensor
+(per key, the requests' rows one after another), scored by one ``predictor.predict`` call, split back per
 request.
 
 A runner that follows training (``recserve serve --follow``) changes its predictor between batches: a delta
@@ -22,12 +22,12 @@ from typing import NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from recserve.server.arrays import FeatureArrays
-from recserve.server.batcher import BatcherConfig, BatchObserver, DynamicBatcher
-from recserve.server.parts import OipLayout
-from recserve.server.scoring import BatchItem, BatchScorer, PredictorLike, merge_requests
-from recserve.server.stats import ModelStats
-from recserve.server.validation import ModelSchema, check_request
+from recserve.server.dataplane.arrays import FeatureArrays
+from recserve.server.dataplane.batcher import BatcherConfig, BatchObserver, DynamicBatcher
+from recserve.server.dataplane.parts import OipLayout
+from recserve.server.dataplane.scoring import BatchItem, BatchScorer, PredictorLike, merge_requests
+from recserve.server.dataplane.stats import ModelStats
+from recserve.server.dataplane.validation import ModelSchema, check_request
 
 __all__ = ["BatchItem", "ModelRunner", "PredictorLike", "Scored", "merge_requests"]
 

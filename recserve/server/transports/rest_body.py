@@ -3,9 +3,9 @@
 aiohttp would buffer a body and inflate a ``Content-Encoding: gzip`` one as it arrives, with no bound but the
 size of the compressed bytes: a 61 KB body can hold 60 MB before its handler runs, and a client that then
 stalls keeps it until the read timeout. Here the wire bytes are read chunk by chunk, each chunk reserved from
-the :class:`~recserve.server.budget.MemoryBudget` before it is kept, and a compressed body is inflated only
-once all of it has arrived (a stalled upload holds its compressed bytes, not what they expand to), in
-steps of at most :data:`INFLATE_STEP` bytes that are reserved as they come out and counted against the
+the :class:`~recserve.server.transports.budget.MemoryBudget` before it is kept, and a compressed body is
+inflated only once all of it has arrived (a stalled upload holds its compressed bytes, not what they expand
+to), in steps of at most :data:`INFLATE_STEP` bytes that are reserved as they come out and counted against the
 message size limit, so no step can inflate past it.
 """
 
@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from recserve.errors import InvalidRequestError, RecServeError
-from recserve.server.budget import Reservation
+from recserve.server.transports.budget import Reservation
 
 INFLATE_STEP = 1 << 20
 _GZIP = 16 + zlib.MAX_WBITS
@@ -45,7 +45,7 @@ def content_coding(request: web.Request) -> str:
 async def read_body(request: web.Request, reservation: Reservation, max_bytes: int) -> bytes:
     """The whole body, inflated; its bytes are held in ``reservation`` (grown as they arrive).
 
-    Raises :class:`BodyTooLarge`, :class:`~recserve.server.budget.BudgetExhausted`, or
+    Raises :class:`BodyTooLarge`, :class:`~recserve.server.transports.budget.BudgetExhausted`, or
     ``InvalidRequestError`` for a body that does not decode under its ``Content-Encoding``.
     """
     coding = content_coding(request)

@@ -1,11 +1,11 @@
 """Admission control: a bounded count of RPCs in flight per worker, decided once a request has arrived.
 
-The interceptor (:mod:`recserve.server.status`) asks :class:`AdmissionLimit` as a unary handler starts, i.e.
-once its request message is complete, so a client that never finishes a message holds no slot (the read
-watch of :mod:`recserve.server.reads` ends it). An RPC over the limit is answered RESOURCE_EXHAUSTED at once.
-The limit is at most ``--grpc-threads``, so that every admitted RPC has a thread and the queue that builds up
-under load is the batcher's, where deadlines are enforced. :class:`QueueLag` refuses new RPCs on gRPC's
-polling thread, before anything is read, while calls wait too long for a thread.
+The interceptor (:mod:`recserve.server.transports.status`) asks :class:`AdmissionLimit` as a unary handler
+starts, i.e. once its request message is complete, so a client that never finishes a message holds no slot
+(the read watch of :mod:`recserve.server.transports.reads` ends it). An RPC over the limit is answered
+RESOURCE_EXHAUSTED at once. The limit is at most ``--grpc-threads``, so that every admitted RPC has a thread
+and the queue that builds up under load is the batcher's, where deadlines are enforced. :class:`QueueLag`
+refuses new RPCs on gRPC's polling thread, before anything is read, while calls wait too long for a thread.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 aiohttp's listener has no connection limit, and a limit that refuses new connections lets a few thousand idle
 sockets (or request heads sent a byte at a time) lock every real client out until they time out. So at the
 cap a new connection closes the connection that has been idle longest, and is refused (503) only when every
-open connection has a request in progress (see :class:`~recserve.server.config.HttpLimits`).
+open connection has a request in progress (see :class:`~recserve.server.operations.config.HttpLimits`).
 """
 
 from __future__ import annotations

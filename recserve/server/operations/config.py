@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recserve.errors import RecServeError
-from recserve.server.admission import default_max_inflight
-from recserve.server.batcher import BatcherConfig
-from recserve.server.budget import default_request_budget
+from recserve.server.dataplane.batcher import BatcherConfig
+from recserve.server.transports.admission import default_max_inflight
+from recserve.server.transports.budget import default_request_budget
 
 ADMIN_TOKEN_ENV = "RECSERVE_ADMIN_TOKEN"
 # Triton's --model-control-mode values recserve takes: "none" (no load/unload on the serving ports) or
@@ -77,7 +77,7 @@ class ServeConfig:
     max_queue_lag_ms: float = 100.0  # refuse new calls while calls wait longer to be seen (0: off)
     max_message_bytes: int = 64 * 1024 * 1024
     # Bytes this worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); None:
-    # derived from the worker's memory share (recserve.server.budget.default_request_budget).
+    # derived from the worker's memory share (recserve.server.transports.budget.default_request_budget).
     request_memory_bytes: int | None = None
     # A gRPC call whose request message has not arrived this long after a thread started reading it is ended
     # (DEADLINE_EXCEEDED); until it has arrived it holds no in-flight slot and no budget.
@@ -94,7 +94,7 @@ class ServeConfig:
     tls_client_ca: Path | None = None
     watch: Path | None = None
     watch_interval_s: float = 2.0
-    # A trainer's publish dir: its newest base, then each delta as it lands (recserve.server.follow).
+    # A trainer's publish dir: newest base, then each new delta (recserve.server.operations.follow).
     follow: Path | None = None
     follow_interval_s: float = 0.2
     drain_timeout_s: float = 30.0
@@ -106,7 +106,7 @@ class ServeConfig:
     admin_token: str | None = None  # required in the metadata of admin calls when set
     reload_root: Path | None = None  # None: the --watch dir, else the --package dir's parent
     model_control: str = "none"  # see MODEL_CONTROL_MODES
-    # Set by the parent of --workers N for each worker (recserve.server.control): model control is shared.
+    # Set by the parent of --workers N per worker (recserve.server.operations.control): shared model control.
     worker_index: int = 0
     control_dir: Path | None = None
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from recserve.server.config import ServeConfig
+from recserve.server.operations.config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def resolve_workers(value: str | int, device: str, ports: Sequence[int]) -> int:
         try:
             return int(value)
         except ValueError:
-            from recserve.server.config import ServeConfigError
+            from recserve.server.operations.config import ServeConfigError
 
             raise ServeConfigError(f"--workers: expected a number or auto, got {value!r}") from None
     if device != "cpu":
@@ -91,7 +91,7 @@ def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] |
                 "worker %d could not be pinned to CPUs %s (%s); the kernel places it", index, cpus, error
             )
     from recserve.errors import RecServeError
-    from recserve.server.app import run_server
+    from recserve.server.operations.app import run_server
 
     try:
         code = run_server(cfg)
@@ -104,7 +104,7 @@ def _worker_main(cfg: ServeConfig, index: int, log_level: int, cpus: list[int] |
 def serve(cfg: ServeConfig) -> int:
     """Runs ``cfg`` in this process (one worker) or in ``cfg.workers`` spawned ones; returns the exit code."""
     if cfg.workers == 1:
-        from recserve.server.app import run_server
+        from recserve.server.operations.app import run_server
 
         return run_server(cfg)
     return _serve_workers(cfg)
@@ -113,9 +113,9 @@ def serve(cfg: ServeConfig) -> int:
 def _serve_workers(cfg: ServeConfig) -> int:
     from prometheus_client import multiprocess
 
-    from recserve.server.app import worker_config
-    from recserve.server.metrics import prepare_multiprocess_dir, start_metrics_http_server
-    from recserve.server.ports import bind_with, check_bindable
+    from recserve.server.operations.app import worker_config
+    from recserve.server.operations.metrics import prepare_multiprocess_dir, start_metrics_http_server
+    from recserve.server.operations.ports import bind_with, check_bindable
 
     # The workers share these ports (SO_REUSEPORT): one that another program holds is named here, once.
     for flag, host, port in _shared_ports(cfg):

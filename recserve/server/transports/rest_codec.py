@@ -18,7 +18,7 @@ import numpy as np
 from google.protobuf.descriptor import FieldDescriptor
 
 from recserve.errors import InvalidRequestError
-from recserve.server.protos import oip_pb2
+from recserve.server.transports.protos import oip_pb2
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 TOO_DEEP = "request body: JSON nested too deeply to parse"

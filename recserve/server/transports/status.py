@@ -1,17 +1,17 @@
 """The one place that maps recserve's exceptions to status codes, admits requests, and counts every outcome.
 
-:class:`Outcome` is one request's record for either transport: it takes the request's in-flight slot, maps
-the error it ended with to a gRPC code (and :data:`HTTP_STATUS` that to an HTTP status), and counts it once.
-The gRPC interceptor below and the REST middleware (:mod:`recserve.server.rest`) both end every request
+:class:`Outcome` is one request's record for either transport: it takes the request's in-flight slot, maps the
+error it ended with to a gRPC code (and :data:`HTTP_STATUS` that to an HTTP status), and counts it once. The
+gRPC interceptor below and the REST middleware (:mod:`recserve.server.transports.rest`) both end every request
 through it, so admission, the overload message and the metrics are the same on both.
 
 :class:`StatusInterceptor` wraps every handler of a server. A unary call is read as bytes: only once its
-request message has arrived (:mod:`recserve.server.reads` ends calls whose message is late) does it take an
-in-flight slot (:mod:`recserve.server.admission`), reserve ``DECODE_FACTOR`` times its size from the worker's
-request memory budget (:mod:`recserve.server.budget`), inflate if compressed, and parse. Servicers raise; the
-interceptor catches, aborts the RPC with the mapped code and the exception's message, and records
-``recserve_requests_total{method,code}`` and ``recserve_request_latency_seconds`` once per RPC, whatever its
-end:
+request message has arrived (:mod:`recserve.server.transports.reads` ends calls whose message is late) does it
+take an in-flight slot (:mod:`recserve.server.transports.admission`), reserve ``DECODE_FACTOR`` times its size
+from the worker's request memory budget (:mod:`recserve.server.transports.budget`), inflate if compressed, and
+parse. Servicers raise; the interceptor catches, aborts the RPC with the mapped code and the exception's
+message, and records ``recserve_requests_total{method,code}`` and ``recserve_request_latency_seconds`` once
+per RPC, whatever its end:
 
 - handled: the code of the reply (OK or the mapped error); a reply the client no longer waits for (it
   cancelled, or its deadline passed while the handler ran) counts as CANCELLED or DEADLINE_EXCEEDED;
@@ -52,10 +52,10 @@ from recserve.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from recserve.server.admission import AdmissionLimit, QueueLag, answer_probe
-from recserve.server.budget import DECODE_FACTOR, MemoryBudget
-from recserve.server.metrics import ServerMetrics
-from recserve.server.reads import OUTCOME_ATTRIBUTE, MessageTooLarge, inflated_message, message_arrived
+from recserve.server.operations.metrics import ServerMetrics
+from recserve.server.transports import reads
+from recserve.server.transports.admission import AdmissionLimit, QueueLag, answer_probe
+from recserve.server.transports.budget import DECODE_FACTOR, MemoryBudget
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (ModelNotFoundError, grpc.StatusCode.NOT_FOUND),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (MessageTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (reads.MessageTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
@@ -214,7 +214,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             behavior = self._shed(outcome, refusal)  # the request stays bytes: never parsed
         else:
             behavior = self._serve(handler, outcome)
-        setattr(behavior, OUTCOME_ATTRIBUTE, outcome)
+        setattr(behavior, reads.OUTCOME_ATTRIBUTE, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
         # No deserializer: the request arrives as bytes, inflated and parsed under the budget by _serve.
         return grpc.unary_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
@@ -223,14 +223,14 @@ class StatusInterceptor(grpc.ServerInterceptor):
         behavior, deserialize = handler.unary_unary, handler.request_deserializer
 
         def wrapped(raw: bytes, context: grpc.ServicerContext):
-            if not message_arrived():
+            if not reads.message_arrived():
                 context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request arrived")
             code, message, held, request = grpc.StatusCode.OK, "", None, None
             try:
                 outcome.admit()
                 if self._budget is not None:
                     held = self._budget.reserve(len(raw) * DECODE_FACTOR)
-                raw = inflated_message(raw, self._max_message_bytes, held)
+                raw = reads.inflated_message(raw, self._max_message_bytes, held)
                 if held is not None:
                     held.resize(len(raw) * DECODE_FACTOR)
                 request = self._decode(outcome.method, deserialize, raw)
@@ -256,7 +256,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         if deserialize is None:
             return raw
         try:
-            return deserialize(raw)  # ours never raise (recserve.server.handlers); health's may
+            return deserialize(raw)  # ours never raise (recserve.server.transports.handlers); health's may
         except Exception as exc:
             raise InvalidRequestError(
                 f"/{method}: the request is not a valid message ({str(exc) or type(exc).__name__})"
@@ -272,7 +272,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
         inner = handler.request_deserializer or (lambda raw: raw)
 
         def deserialize(raw: bytes):
-            return inner(inflated_message(raw, limit, None))
+            return inner(reads.inflated_message(raw, limit, None))
 
         if handler.request_streaming:
             behavior = handler.stream_stream or handler.stream_unary
@@ -284,7 +284,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
             behavior = handler.unary_stream
 
             def run(request, context):
-                if not message_arrived():
+                if not reads.message_arrived():
                     context.abort(grpc.StatusCode.CANCELLED, "the call ended before its request arrived")
                 return behavior(request, context)
 
@@ -301,7 +301,7 @@ class StatusInterceptor(grpc.ServerInterceptor):
 
     def _shed(self, outcome: Outcome, message: str):
         def refuse(request, context: grpc.ServicerContext):
-            if message_arrived():
+            if reads.message_arrived():
                 outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
@@ -335,5 +335,5 @@ class _ArrivalIterator:
         request = next(self._requests)
         if self._first:
             self._first = False
-            message_arrived()
+            reads.message_arrived()
         return request

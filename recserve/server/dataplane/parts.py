@@ -1,11 +1,11 @@
 """Requests in the form the batch merges them from: views of the wire bytes, checked over the whole batch.
 
-The usual request (raw tensors, features the model reads, no weights) is decoded in the handler without a
-copy or an array op: its dense rows and each feature's lengths and ids stay the message's bytes, and only
-sizes and datatypes are compared, in Python. The batch joins every request's bytes of an array in one call
-and reads the result as one array (:mod:`recserve.server.merge`). Everything that needs the data (lengths
-within bounds and summing to each feature's ids, ids inside their tables, dense values finite and within
-the package's bounds) is checked once per batch, over the merged arrays, by the predictor's own checks
+The usual request (raw tensors, features the model reads, no weights) is decoded in the handler without a copy
+or an array op: its dense rows and each feature's lengths and ids stay the message's bytes, and only sizes and
+datatypes are compared, in Python. The batch joins every request's bytes of an array in one call and reads the
+result as one array (:mod:`recserve.server.dataplane.merge`). Everything that needs the data (lengths within
+bounds and summing to each feature's ids, ids inside their tables, dense values finite and within the
+package's bounds) is checked once per batch, over the merged arrays, by the predictor's own checks
 (:mod:`recserve.runtime.validation`): per request it cost as much as the predict. A request the batch check
 refuses is checked again on its own, by the exact path (``fallback``) that names the field.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recserve.server.validation import InferenceRequest, ModelSchema
+from recserve.server.dataplane.validation import InferenceRequest, ModelSchema
 
 # OIP datatype -> little-endian numpy dtype, for what each input may carry
 _LENGTHS = {"INT32": np.dtype("<i4"), "INT64": np.dtype("<i8")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
-from recserve.server.arrays import FeatureArrays, decode_array, encode_raw, from_raw
-from recserve.server.protos import pb2
+from recserve.server.dataplane.arrays import FeatureArrays, decode_array, encode_raw, from_raw
+from recserve.server.transports.protos import pb2
 from rectrain.sparse import KeyedJaggedTensor
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Protocol
 
 from recserve.errors import InvalidRequestError, PackageError, UnavailableError
-from recserve.server.reload import Reloader
-from recserve.server.stats import StatsSnapshot, merged, snapshot_from_json, snapshot_to_json
+from recserve.server.dataplane.stats import StatsSnapshot, merged, snapshot_from_json, snapshot_to_json
+from recserve.server.operations.reload import Reloader
 
 logger = logging.getLogger(__name__)
 

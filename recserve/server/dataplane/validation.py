@@ -25,7 +25,7 @@ from torch import Tensor
 from recserve.errors import InvalidRequestError
 from recserve.runtime.dense_bounds import DenseBounds
 from recserve.runtime.validation import RequestFields, RequestValidator
-from recserve.server.arrays import FeatureArrays
+from recserve.server.dataplane.arrays import FeatureArrays
 from rectrain.sparse import KeyedJaggedTensor
 
 

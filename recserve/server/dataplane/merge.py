@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError
-from recserve.server.parts import Buffer, RequestParts
-from recserve.server.validation import InferenceRequest, ModelSchema
+from recserve.server.dataplane.parts import Buffer, RequestParts
+from recserve.server.dataplane.validation import InferenceRequest, ModelSchema
 from rectrain.sparse import KeyedJaggedTensor
 
 _FP32, _INT64 = np.dtype("<f4"), np.dtype("<i8")

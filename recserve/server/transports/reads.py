@@ -8,8 +8,8 @@ handler starts (for a request stream: until the first message), which :func:`mes
 
 - **A read deadline.** A message not complete within ``--grpc-read-timeout`` of the read's start ends the
   call DEADLINE_EXCEEDED, counted. Held streams therefore cost their sender a stream each per deadline, and
-  hold a parked thread each meanwhile (the main pool has :data:`recserve.server.app.READING_THREADS` of them
-  beyond the handlers), never an in-flight slot or budget.
+  hold a parked thread each meanwhile (:data:`recserve.server.operations.app.READING_THREADS` beyond the
+  handlers in the main pool), never an in-flight slot or budget.
 - **Fast-read slots.** gRPC core buffers a message whole once its read starts, as fast as the client sends
   it; a read starts only with one of ``fast_reads`` slots (the request budget over twice
   ``--max-message-mb``, at least 8), held until the message is complete or for :data:`FAST_READ_SECONDS`,
@@ -20,7 +20,7 @@ handler starts (for a request stream: until the first message), which :func:`mes
   not come within the deadline ends, queued or not.
 
 Handlers, admission and the request memory budget only see calls whose message is complete
-(:mod:`recserve.server.status`).
+(:mod:`recserve.server.transports.status`).
 
 Ending a call before its handler runs uses grpcio's server call object (``cygrpc.Call.cancel``), which its
 public API does not expose; :func:`call_of` finds it among the arguments grpcio submits to the pool, and a
@@ -38,7 +38,7 @@ from concurrent import futures
 import grpc
 
 from recserve.errors import InvalidRequestError, RecServeError
-from recserve.server.budget import Reservation
+from recserve.server.transports.budget import Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 FAST_READ_SECONDS = 0.02
 _TICK_SECONDS = 0.01
 MIN_FAST_READS = 8
-# The attribute of a handler behaviour that carries its call's outcome (recserve.server.status.Outcome).
+# A handler behaviour's attribute holding its call's outcome (recserve.server.transports.status.Outcome).
 OUTCOME_ATTRIBUTE = "recserve_outcome"
 
 

@@ -1,12 +1,12 @@
 """One batch of requests in, each request's scores (or its error) out: merge, predict, split.
 
-The batch function of the server's batcher (:class:`recserve.server.runner.ModelRunner`) and of the Triton
-Python backend that ``recserve export --triton-repository`` writes (:mod:`recserve.export.triton_backend`),
-so both serve a package with the same checks and the same merge. Requests are merged (as parts, the usual
-form, :mod:`recserve.server.parts` and :mod:`recserve.server.merge`; else as requests past the wire rules)
-and the predictor checks the whole batch; when a check refuses, each request is checked alone and only those
-at fault fail. Scores that come out
-NaN or infinite refuse their request; the others of the batch get theirs.
+The batch function of the server's batcher (:class:`recserve.server.dataplane.runner.ModelRunner`) and of the
+Triton Python backend that ``recserve export --triton-repository`` writes
+(:mod:`recserve.export.triton_backend`), so both serve a package with the same checks and the same merge.
+Requests are merged (as parts, the usual form, :mod:`recserve.server.dataplane.parts` and
+:mod:`recserve.server.dataplane.merge`; else as requests past the wire rules) and the predictor checks the
+whole batch; when a check refuses, each request is checked alone and only those at fault fail. Scores that
+come out NaN or infinite refuse their request; the others of the batch get theirs.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from recserve.errors import InvalidRequestError, NonFiniteScoresError
-from recserve.server.merge import MergeRefused, check_each, merge_parts
-from recserve.server.parts import RequestParts
-from recserve.server.validation import InferenceRequest, ModelSchema
+from recserve.server.dataplane.merge import MergeRefused, check_each, merge_parts
+from recserve.server.dataplane.parts import RequestParts
+from recserve.server.dataplane.validation import InferenceRequest, ModelSchema
 from rectrain.sparse import KeyedJaggedTensor
 
 BatchItem = InferenceRequest | RequestParts  # what a batch is made of

@@ -3,9 +3,9 @@
 The layout is the delta contract's (docs/online.md): ``DIR/<N>/`` bases, ``DIR/<N>-deltas/<SEQ>/`` the rows
 changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one per worker process):
 
-1. asks the :class:`~recserve.server.reload.Reloader` to swap in a newer base, as ``--watch`` does; the
-   reloader's load function is :meth:`Follower.load`, so the new base is loaded beside the serving one and
-   catches up on its deltas before it serves (so does the first base, at start);
+1. asks the :class:`~recserve.server.operations.reload.Reloader` to swap in a newer base, as ``--watch``
+   does; the reloader's load function is :meth:`Follower.load`, so the new base is loaded beside the serving
+   one and catches up on its deltas before it serves (so does the first base, at start);
 2. reads and verifies the next delta of the serving base (``read_delta``: checksums, base, sequence, dtypes)
    on this thread, off the batch path, then applies it in the runner's turn between two batches
    (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version.
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recserve.errors import PackageError
-from recserve.server.metrics import ServerMetrics
-from recserve.server.runner import ModelRunner
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.operations.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from recserve.runtime.package import PackageManifest

@@ -2,7 +2,7 @@
 
 What Triton's clients and tools (``tritonclient``'s ``get_model_config``, ``get_inference_statistics``,
 ``get_model_repository_index``, ``load_model``/``unload_model``; ``perf_analyzer``) read, built from what the
-server really has: the package's schema, the batcher's settings, :class:`recserve.server.stats.ModelStats`.
+server has: the package's schema, the batcher's settings, :class:`recserve.server.dataplane.stats.ModelStats`.
 
 The model configuration follows Triton's conventions: ``max_batch_size`` is the server's ``--max-batch-size``
 (examples per request and per batch), so every input's ``dims`` leave out the leading batch dimension that
@@ -23,12 +23,12 @@ from recserve.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from recserve.server.admin import AUTH_METADATA_KEY, bearer_matches
-from recserve.server.control import ModelControl
-from recserve.server.core import InferenceCore
-from recserve.server.protos import oip_pb2
-from recserve.server.runner import ModelRunner
-from recserve.server.stats import BatchStages, Duration, StatsSnapshot
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.dataplane.stats import BatchStages, Duration, StatsSnapshot
+from recserve.server.operations.admin import AUTH_METADATA_KEY, bearer_matches
+from recserve.server.operations.control import ModelControl
+from recserve.server.transports.protos import oip_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _set(target: oip_pb2.StatisticDuration, d: Duration) -> None:
 
 
 def model_statistics(runner: ModelRunner, snap: StatsSnapshot) -> oip_pb2.ModelStatistics:
-    """The served version's statistics ``snap`` since it was loaded (see :mod:`recserve.server.stats`)."""
+    """The served version's statistics ``snap`` since its load (:mod:`recserve.server.dataplane.stats`)."""
     name, version = runner.model_id
     out = oip_pb2.ModelStatistics(
         name=name,

@@ -5,16 +5,16 @@ binary-tensor extension, into the OIP gRPC message that :func:`oip.decode_infer_
 gRPC), queued on the shared dynamic batcher, and awaited without holding a thread. Every request is admitted
 through the worker's shared in-flight limit (health probes excepted) and counted in
 ``recserve_requests_total{method="rest/<Call>",code}`` with the gRPC code it maps to, by the same
-:class:`~recserve.server.status.Outcome` as a gRPC call, so one error-rate alert covers both transports.
-Errors answer ``{"error": "<message naming the field>"}`` with the HTTP status of
-:data:`~recserve.server.status.HTTP_STATUS` (Google's gRPC → HTTP mapping: 400 bad input, 404 unknown model,
-429 overloaded, 503 unavailable, 504 deadline).
+:class:`~recserve.server.transports.status.Outcome` as a gRPC call, so one error-rate alert covers both
+transports. Errors answer ``{"error": "<message naming the field>"}`` with the HTTP status of
+:data:`~recserve.server.transports.status.HTTP_STATUS` (Google's gRPC → HTTP mapping: 400 bad input, 404
+unknown model, 429 overloaded, 503 unavailable, 504 deadline).
 
 A request's body is read by :func:`rest_body.read_body` under the worker's :class:`MemoryBudget` (aiohttp's
 own inflation is off), within ``--http-read-timeout`` (408 after), and only then does the request take an
 in-flight slot: 413 for a body over ``--max-message-mb``, 503 with ``Retry-After`` while the budget is spent.
 :class:`RestServer` caps open connections; at the cap a new connection closes the one that has been idle
-longest (see :class:`~recserve.server.config.HttpLimits`).
+longest (see :class:`~recserve.server.operations.config.HttpLimits`).
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 import recserve
 from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
-from recserve.server.admission import AdmissionLimit
-from recserve.server.budget import (
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.operations.config import HttpLimits
+from recserve.server.operations.metrics import ServerMetrics
+from recserve.server.transports.admission import AdmissionLimit
+from recserve.server.transports.budget import (
     DECODE_FACTOR,
     BudgetExhausted,
     MemoryBudget,
     Reservation,
     default_request_budget,
 )
-from recserve.server.config import HttpLimits
-from recserve.server.core import InferenceCore
-from recserve.server.handlers import DecodeFailureLog
-from recserve.server.metrics import ServerMetrics
-from recserve.server.oip import SCORES_OUTPUT, decode_batchable, input_metadata, parameter_deadline
-from recserve.server.protos import oip_pb2
-from recserve.server.rest_body import BodyTooLarge, read_body
-from recserve.server.rest_codec import (
+from recserve.server.transports.handlers import DecodeFailureLog
+from recserve.server.transports.oip import SCORES_OUTPUT, decode_batchable, input_metadata, parameter_deadline
+from recserve.server.transports.protos import oip_pb2
+from recserve.server.transports.rest_body import BodyTooLarge, read_body
+from recserve.server.transports.rest_codec import (
     HEADER_LENGTH,
     TOO_DEEP,
     infer_request,
@@ -59,9 +59,9 @@ from recserve.server.rest_codec import (
     split_body,
     wants_binary,
 )
-from recserve.server.rest_connections import ConnectionPool, Refused, Tracked
-from recserve.server.status import HTTP_STATUS, Outcome
-from recserve.server.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
+from recserve.server.transports.rest_connections import ConnectionPool, Refused, Tracked
+from recserve.server.transports.status import HTTP_STATUS, Outcome
+from recserve.server.transports.triton_ext import EXTENSIONS, PLATFORM, Repository, model_config
 
 logger = logging.getLogger(__name__)
 

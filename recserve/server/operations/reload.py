@@ -2,16 +2,16 @@
 
 Two triggers share :meth:`Reloader.reload`: the ``Admin.ReloadModel`` RPC and a watch of a directory of
 versioned packages (``--watch DIR``; ``--follow DIR`` runs the same scan, :meth:`Reloader.poll`, from its own
-thread before it looks for deltas: :mod:`recserve.server.follow`). As in Triton's model repository, versions
-are sub-directories with numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a manifest
-may record); the highest one whose ``manifest.json`` exists is the one to serve.
-The folder's name is the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is
-refused): a version folder whose manifest records another version is refused before it is loaded (an error
-naming both, counted as a failed reload), never loaded and silently discarded; so is a version folder that
-is a link leading out of the watch dir.
-A package that fails to load is logged, counted in ``recserve_model_reloads_total{result="failure"}``, and not
-retried until one of its files changes. Place a version atomically (write it elsewhere, then rename it into
-the watch dir), so that the watch never sees half of it.
+thread before it looks for deltas: :mod:`recserve.server.operations.follow`). As in Triton's model repository,
+versions are sub-directories with numeric names (``DIR/1``, ``DIR/2``, ...: ASCII digits, the only versions a
+manifest may record); the highest one whose ``manifest.json`` exists is the one to serve. The folder's name is
+the version, exactly as a string (folder ``4`` with a manifest saying ``04`` is refused): a version folder
+whose manifest records another version is refused before it is loaded (an error naming both, counted as a
+failed reload), never loaded and silently discarded; so is a version folder that is a link leading out of the
+watch dir. A package that fails to load is logged, counted in
+``recserve_model_reloads_total{result="failure"}``, and not retried until one of its files changes. Place a
+version atomically (write it elsewhere, then rename it into the watch dir), so that the watch never sees half
+of it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from recserve.errors import PackageError
-from recserve.server.core import InferenceCore
-from recserve.server.metrics import ServerMetrics
-from recserve.server.runner import ModelRunner
-from recserve.server.stats import StatsSnapshot
+from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.runner import ModelRunner
+from recserve.server.dataplane.stats import StatsSnapshot
+from recserve.server.operations.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

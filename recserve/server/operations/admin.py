@@ -20,12 +20,12 @@ import grpc
 from grpc_reflection.v1alpha import reflection
 
 from recserve.errors import InvalidRequestError, PermissionDeniedError, UnauthenticatedError
-from recserve.server.config import ServeConfig
-from recserve.server.control import ModelControl
-from recserve.server.handlers import DecodeFailureLog, add_service
-from recserve.server.metrics import ServerMetrics
-from recserve.server.protos import ADMIN_SERVICE, pb2, pb2_grpc
-from recserve.server.status import StatusInterceptor
+from recserve.server.operations.config import ServeConfig
+from recserve.server.operations.control import ModelControl
+from recserve.server.operations.metrics import ServerMetrics
+from recserve.server.transports.handlers import DecodeFailureLog, add_service
+from recserve.server.transports.protos import ADMIN_SERVICE, pb2, pb2_grpc
+from recserve.server.transports.status import StatusInterceptor
 
 logger = logging.getLogger(__name__)
 
