@@ -84,7 +84,7 @@ class TrainJob:
         self.progress_bar = progress_bar
         self._saved_step: int | None = None
         publishing = bool(config.publish.dir)
-        self.publisher = Publisher(config, self.training.model, env) if publishing else None
+        self.publisher = Publisher(config, self.training.model, env, self.agreement) if publishing else None
 
     def evaluate(self) -> dict[str, float]:
         """Metrics on the held-out split (collective: every rank calls it at the same point)."""

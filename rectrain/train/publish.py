@@ -66,13 +66,15 @@ def existing_bases(publish_dir: Path) -> list[int]:
 class Publisher:
     """This rank's part of publishing (every method is collective: all ranks call it at the same step)."""
 
-    def __init__(self, config: RunConfig, model: torch.nn.Module, env: ShardingEnv | None) -> None:
+    def __init__(
+        self, config: RunConfig, model: torch.nn.Module, env: ShardingEnv | None, agreement: RankAgreement
+    ) -> None:
         self.config, self.options = config, config.publish
         self.dir = Path(self.options.dir or "")
         self.rank = env.rank if env is not None else 0
         world = env.world_size if env is not None and env.pg is not None else 1
         self._group = new_group(backend="gloo") if world > 1 else None
-        self._agreement = RankAgreement(env)
+        self._agreement = agreement  # the job's: one side group for every per-step agreement
         self.tables = list(config.model.tables)
         self.touched = TouchedRows(self.tables)
         pieces = {t.name: t for t in model_state.local_tables(model).values()}
