@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from rectrain.embedding.config import DataType, EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig
+from rectrain.errors import RecTrainError
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from rectrain.planner.memory import rank_memory
+from rectrain.planner.memory import check_fits, rank_memory
 
 DATA = Path(__file__).parent / "data" / "recorded_plans.json"
 MB = 1024**2
@@ -91,12 +92,36 @@ CASES = {
 }
 
 
+# Refusals: name -> (tables, topology kwargs, planner kwargs, per-rank capacity the memory check is given);
+# the recorded value is the error's type and text.
+REFUSALS = {
+    "refused_too_big_2": (_dlrm, {"world_size": 2, "ddr_cap": 300 * MB}, {}, None),
+    "refused_forced_dp_4": (
+        _constrained,
+        {"world_size": 4, "ddr_cap": 150 * MB},
+        {"constraints": {f"c{i}": ParameterConstraints(sharding_types=["data_parallel"]) for i in range(6)}},
+        None,
+    ),
+    "memory_check_refused_2": (_dlrm, {"world_size": 2, "ddr_cap": 8 * 1024 * MB}, {}, 1024 * MB),
+}
+
+
 def _record(name: str) -> dict:
-    make_tables, topology, kwargs = CASES[name]
+    if name in REFUSALS:
+        make_tables, topology, kwargs, capacity = REFUSALS[name]
+    else:
+        (make_tables, topology, kwargs), capacity = CASES[name], None
     tables = make_tables()
     planner = EmbeddingShardingPlanner(Topology(**topology), **kwargs)
-    plan = planner.plan(tables)
-    memory = rank_memory(plan, tables, kwargs.get("fused_optimizer"), kwargs.get("batch_size", 512))
+    try:
+        plan = planner.plan(tables)
+        memory = rank_memory(plan, tables, kwargs.get("fused_optimizer"), kwargs.get("batch_size", 512))
+        if capacity is not None:
+            check_fits(memory, [capacity] * plan.world_size, "recorded case")
+    except RecTrainError as e:
+        assert name in REFUSALS, f"{name}: {type(e).__name__}: {e}"
+        return {"refused": f"{type(e).__name__}: {e}"}
+    assert name not in REFUSALS, f"{name} was not refused"
     return {"plan": plan.to_dict(), "report": plan.report(), "memory": [m.total for m in memory]}
 
 
@@ -116,7 +141,7 @@ def _close(actual, expected, where: str) -> None:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(REFUSALS))
 def test_recorded_plan_is_unchanged(name):
     actual = json.loads(json.dumps(_record(name)))
     if os.environ.get("RECTRAIN_RECORD_PLANS"):
