@@ -134,8 +134,12 @@ class Shard:
         self, row_offset=0, num_rows=0, col_offset=0, num_cols=0, rank=None, storage=None, perf=None, *,
         size: list[int] | None = None, offset: list[int] | None = None,
     ) -> None:  # fmt: skip
-        self.row_offset, self.col_offset = offset or (row_offset, col_offset)
-        self.num_rows, self.num_cols = size or (num_rows, num_cols)
+        # Permissive, as TorchRec's record: a size or offset that is not a pair (TorchRec's tests pass
+        # placeholders) leaves its fields None.
+        offset = (row_offset, col_offset) if offset is None else offset
+        size = (num_rows, num_cols) if size is None else size
+        self.row_offset, self.col_offset = (*offset, None, None)[:2]
+        self.num_rows, self.num_cols = (*size, None, None)[:2]
         self.rank, self.storage, self.perf = rank, storage, perf
 
     @property

@@ -1,12 +1,13 @@
 """``torchrec.distributed.planner.constants`` at rectrain's path: the defaults TorchRec's planner API assumes.
 
-Capacities and bandwidths are rectrain's own topology defaults (``rectrain.planner.topology``); the rest are
+Capacities are rectrain's own topology defaults (``rectrain.planner.topology``); bandwidths and the rest are
 the figures TorchRec's estimators are documented to use.
 """
 
 from rectrain.planner.constraints import POOLING_FACTOR
 from rectrain.planner.enumerate import MIN_CW_DIM
 from rectrain.planner.topology import BWD_COMPUTE_MULTIPLIER, DDR_CAP, HBM_CAP
+from rectrain.planner.types import EmbeddingComputeKernel as _K
 
 BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
 NUM_POOLINGS: float = 1.0  # poolings per example per feature when the constraints give none
@@ -15,18 +16,72 @@ KV_CACHING_RATIO: float = 0.2  # the same for key-value (virtual) tables
 BATCH_SIZE: int = 512  # per-rank batch size when the caller gives none
 SSD_CAP: int = 2 * 1024**4
 MAX_SIZE: int = (1 << 63) - 1
+# TorchRec's bandwidths in its units, bytes per millisecond of GiB-based figures (rectrain's topology keeps
+# bytes per second: rectrain.planner.topology.HBM_MEM_BW and DDR_MEM_BW).
+DDR_MEM_BW: float = 51 * 1024**3 / 1000
+HBM_MEM_BW: float = 897 * 1024**3 / 1000
+SSD_MEM_BW: float = 100 * 1024**2 / 1000
+HBM_TO_DDR_MEM_BW: float = 32 * 1024**3 / 1000
+INTRA_NODE_BANDWIDTH: float = 600 * 1024**3 / 1000
+CROSS_NODE_BANDWIDTH: float = 12.5 * 1024**3 / 1000
+DEFAULT_PERF_ESTIMATOR: str = "default_estimator"
+
+
+def kernel_bw_lookup(
+    compute_device: str,
+    compute_kernel: str,
+    hbm_mem_bw: float,
+    ddr_mem_bw: float,
+    hbm_to_ddr_mem_bw: float,
+    caching_ratio: float | None = None,
+    prefetch_pipeline: bool = False,
+    ssd_mem_bw: float = SSD_MEM_BW,
+) -> float | None:
+    """TorchRec's lookup bandwidth of a kernel on a device (None for a pair it has no figure for)."""
+    ratio = UVM_CACHING_RATIO if caching_ratio is None else caching_ratio
+    cached = (ratio * hbm_mem_bw + (1 - ratio) * hbm_to_ddr_mem_bw) / 10
+    if prefetch_pipeline and compute_device == "cuda" and compute_kernel == _K.FUSED_UVM_CACHING.value:
+        compute_kernel = _K.FUSED.value  # the pipeline prefetches the cache ahead: HBM speed
+    host = "cpu" if compute_device == "cpu" else "device"
+    lookup = {
+        ("cpu", _K.DENSE): 0.5 * ddr_mem_bw, ("cpu", _K.FUSED): ddr_mem_bw, ("cpu", _K.QUANT): ddr_mem_bw,
+        ("device", _K.DENSE): 0.5 * hbm_mem_bw, ("device", _K.FUSED): hbm_mem_bw,
+        ("device", _K.QUANT): hbm_mem_bw,
+    }  # fmt: skip
+    if compute_device == "cuda":
+        lookup |= {
+            (host, _K.FUSED_TRITON): hbm_mem_bw, (host, _K.FUSED_UVM): hbm_to_ddr_mem_bw / 10,
+            (host, _K.QUANT_UVM): hbm_to_ddr_mem_bw / 10, (host, _K.FUSED_UVM_CACHING): cached,
+            (host, _K.QUANT_UVM_CACHING): cached, (host, _K.KEY_VALUE): ssd_mem_bw,
+            (host, _K.SSD_VIRTUAL_TABLE): hbm_to_ddr_mem_bw, (host, _K.DRAM_VIRTUAL_TABLE): hbm_to_ddr_mem_bw,
+            (host, _K.DRAM_SSD_VIRTUAL_TABLE): hbm_to_ddr_mem_bw,
+        }  # fmt: skip
+    if compute_device not in ("cpu", "cuda", "mtia"):
+        return None
+    return next(
+        (bw for (device, k), bw in lookup.items() if device == host and k.value == compute_kernel), None
+    )
+
 
 __all__ = [
     "BATCH_SIZE",
     "BIGINT_DTYPE",
     "BWD_COMPUTE_MULTIPLIER",
+    "CROSS_NODE_BANDWIDTH",
+    "DDR_MEM_BW",
+    "DEFAULT_PERF_ESTIMATOR",
     "DDR_CAP",
     "HBM_CAP",
+    "HBM_MEM_BW",
+    "HBM_TO_DDR_MEM_BW",
+    "INTRA_NODE_BANDWIDTH",
     "KV_CACHING_RATIO",
     "MAX_SIZE",
     "MIN_CW_DIM",
     "NUM_POOLINGS",
     "POOLING_FACTOR",
     "SSD_CAP",
+    "SSD_MEM_BW",
     "UVM_CACHING_RATIO",
+    "kernel_bw_lookup",
 ]
