@@ -25,10 +25,10 @@ INTRA_HOST_BW = 600e9  # NVLink-class bandwidth between the ranks of one host
 INTER_HOST_BW = 12.5e9  # 100 Gbit/s network between hosts
 BWD_COMPUTE_MULTIPLIER = 2.0  # backward lookup work relative to forward (TorchRec's default)
 
-_COMPUTE_DEVICES = ("cpu", "cuda")
+_COMPUTE_DEVICES = ("cpu", "cuda", "mtia")  # mtia: planned as an HBM device, as TorchRec does
 
 
-@dataclass(frozen=True)
+@dataclass
 class Storage:
     """Bytes of device (HBM) and host (DDR) memory, and of SSD: what a rank has, or what a shard needs
     (``torchrec.distributed.planner.types.Storage``)."""
@@ -48,7 +48,7 @@ class Storage:
         return self.hbm <= other.hbm and self.ddr <= other.ddr and self.ssd <= other.ssd
 
 
-@dataclass(frozen=True)
+@dataclass
 class DeviceHardware:
     """One rank of the topology and the memory it may use."""
 
@@ -65,10 +65,10 @@ def host_memory_bytes() -> int:
         return DDR_CAP
 
 
-def _device_memory_bytes() -> int:
-    if torch.cuda.is_available():
+def _device_memory_bytes(device: str) -> int:
+    if device == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(0).total_memory)
-    logger.info("planning for cuda without a CUDA device; assuming %d bytes of HBM per rank", HBM_CAP)
+    logger.info("planning for %s without that device; assuming %d bytes of HBM per rank", device, HBM_CAP)
     return HBM_CAP
 
 
@@ -96,21 +96,25 @@ class Topology:
     def __post_init__(self) -> None:
         self._validate_geometry()
         if self.compute_device not in _COMPUTE_DEVICES:
-            raise ConfigError(f"compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}")
+            raise ConfigError(
+                f"compute_device must be one of {_COMPUTE_DEVICES}, got {self.compute_device!r}"
+            )
         for name in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw", "bwd_compute_multiplier"):
             value = getattr(self, name)
             if not value > 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
         if self.hbm_cap is None:
-            self.hbm_cap = _device_memory_bytes() if self.compute_device == "cuda" else 0
+            self.hbm_cap = _device_memory_bytes(self.compute_device) if self.compute_device != "cpu" else 0
         if self.ddr_cap is None:
             self.ddr_cap = host_memory_bytes() // self.local_world_size
         for name in ("hbm_cap", "ddr_cap"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative int of bytes, got {value!r}")
-        storage = Storage(hbm=self.hbm_cap, ddr=self.ddr_cap)
-        self.devices = [DeviceHardware(rank=rank, storage=storage) for rank in range(self.world_size)]
+        # One Storage per device: a storage reservation lowers them in place, as TorchRec's do.
+        self.devices = [
+            DeviceHardware(r, Storage(hbm=self.hbm_cap, ddr=self.ddr_cap)) for r in range(self.world_size)
+        ]
 
     def _validate_geometry(self) -> None:
         if not isinstance(self.world_size, int) or self.world_size <= 0:
@@ -137,7 +141,7 @@ class Topology:
     @property
     def mem_bw(self) -> float:
         """Bandwidth of the memory the embedding rows live in (HBM on cuda, DDR on cpu)."""
-        return self.hbm_mem_bw if self.compute_device == "cuda" else self.ddr_mem_bw
+        return self.ddr_mem_bw if self.compute_device == "cpu" else self.hbm_mem_bw
 
     @property
     def comm_bw(self) -> float:
@@ -147,7 +151,7 @@ class Topology:
     def capacity(self, rank: int) -> int:
         """Bytes a plan may use on ``rank`` (HBM on cuda, DDR on cpu)."""
         storage = self.devices[rank].storage
-        return storage.hbm if self.compute_device == "cuda" else storage.ddr
+        return storage.ddr if self.compute_device == "cpu" else storage.hbm
 
     def host_of(self, rank: int) -> int:
         return rank // self.local_world_size

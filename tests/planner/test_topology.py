@@ -51,7 +51,10 @@ def test_cuda_cap_detected_or_default():
             "world_size (6) must be a multiple of local_world_size (4)",
         ),
         ({"world_size": 2, "local_world_size": 0}, "local_world_size must be a positive int, got 0"),
-        ({"world_size": 2, "compute_device": "tpu"}, "compute_device must be 'cpu' or 'cuda', got 'tpu'"),
+        (
+            {"world_size": 2, "compute_device": "tpu"},
+            "compute_device must be one of ('cpu', 'cuda', 'mtia'), got 'tpu'",
+        ),
         ({"world_size": 2, "ddr_cap": -1}, "ddr_cap must be a non-negative int of bytes, got -1"),
         ({"world_size": 2, "inter_host_bw": 0}, "inter_host_bw must be > 0, got 0"),
     ],

@@ -3,7 +3,7 @@ its error."""
 
 from rectrain.distributed.planner.utils import SharderData
 from rectrain.planner.constraints import ParameterConstraints
-from rectrain.planner.errors import PlannerError
+from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.sharding_option import PartitionByType, Perf, ShardingOption
 from rectrain.planner.topology import DeviceHardware, Storage, Topology
@@ -15,6 +15,7 @@ __all__ = [
     "PartitionByType",
     "Perf",
     "PlannerError",
+    "PlannerErrorType",
     "Shard",
     "SharderData",
     "ShardingOption",
