@@ -5,6 +5,7 @@ from rectrain.distributed.planner.utils import SharderData
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.refusals import refusing_getattr
 from rectrain.planner.sharding_option import PartitionByType, Perf, ShardingOption
 from rectrain.planner.topology import DeviceHardware, Storage, Topology
 from rectrain.planner.types import Shard
@@ -23,3 +24,5 @@ __all__ = [
     "Storage",
     "Topology",
 ]
+
+__getattr__ = refusing_getattr(__name__)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder
+from rectrain.planner.refusals import refusing_getattr
 
 
 def prod(iterable: Iterable[int]) -> int:
@@ -55,3 +56,6 @@ def build_sharder_data(sharder: Any) -> SharderData:
 def build_sharder_data_map(sharder_map: dict[str, Any]) -> dict[str, SharderData]:
     """``{module type key: SharderData}`` for ``{module type key: sharder}``."""
     return {key: build_sharder_data(sharder) for key, sharder in sharder_map.items()}
+
+
+__getattr__ = refusing_getattr(__name__)

@@ -1,0 +1,6 @@
+"""``torchrec.distributed.planner.proposers`` at rectrain's path: its names are refused by name
+(``rectrain.planner.refusals``)."""
+
+from rectrain.planner.refusals import refusing_getattr
+
+__getattr__ = refusing_getattr(__name__)
