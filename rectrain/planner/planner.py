@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,8 @@ from rectrain.planner.types import PLANNED_SHARDING_TYPES, ParameterSharding, Sh
 
 logger = logging.getLogger(__name__)
 
+# A storage rule: bytes of every shard of an option, in shard order (the plug for another kind of memory).
+StorageEstimator = Callable[[ShardingOption, Topology, FusedOptimizerConfig], list[int]]
 BATCH_SIZE = 512  # per-rank batch size assumed when none is given (TorchRec's default)
 
 
@@ -53,6 +56,8 @@ class EmbeddingShardingPlanner:
 
     ``constraints`` maps table names to :class:`ParameterConstraints`. ``fused_optimizer`` sizes the optimizer
     state. ``max_search_evaluations`` bounds the local search (placements tried), and so planning time.
+    ``storage_estimator(option, topology, optimizer)`` gives each shard's bytes in the memory the topology
+    bounds (``Topology.capacity``); default: rectrain's measured rule, ``storage.estimate_storage``.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class EmbeddingShardingPlanner:
         constraints: dict[str, ParameterConstraints] | None = None,
         fused_optimizer: FusedOptimizerConfig | None = None,
         max_search_evaluations: int = 256,
+        storage_estimator: StorageEstimator = estimate_storage,
     ) -> None:
         if topology is None:
             topology = _default_topology()
@@ -75,6 +81,7 @@ class EmbeddingShardingPlanner:
         self._constraints = dict(constraints or {})
         self._optimizer = fused_optimizer or FusedOptimizerConfig()
         self._max_evaluations = max_search_evaluations
+        self._storage_estimator = storage_estimator
         self._enumerator = EmbeddingEnumerator(topology, batch_size)
 
     @property
@@ -137,7 +144,7 @@ class EmbeddingShardingPlanner:
         return ShardingPlan.from_dict(data)
 
     def _estimate(self, option: ShardingOption) -> ShardingOption:
-        storage = estimate_storage(option, self._topology, self._optimizer)
+        storage = self._storage_estimator(option, self._topology, self._optimizer)
         perf = estimate_perf(option, self._topology, self._optimizer)
         shards = [dataclasses.replace(s, storage=b, perf=t) for s, b, t in zip(option.shards, storage, perf)]
         return option.with_shards(shards)
