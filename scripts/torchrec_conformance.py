@@ -65,10 +65,23 @@ TESTS = [
     "torchrec/metrics/tests/test_throughput.py",
     "torchrec/metrics/tests/test_recmetric.py",
     "torchrec/metrics/tests/test_metrics_namespace.py",
-    # Issue 44: the planner's other public modules and distributed utils (rectrain does not pass them yet;
-    # at v1.8.0-rc1 they stop at planners.extract_plan, planner.storage_reservations and types.CacheParams).
+    # Issue 44: TorchRec's planner test files that pass under TorchRec 1.8.0 on CPU. rectrain passes
+    # test_perf_models, test_constants and test_storage_reservations; the others stop at a name refused by
+    # name (rectrain.planner.refusals: TorchRec's swappable proposers, partitioners, stats, perf-estimator
+    # factory, hardware configs) or, for test_embedding*_utils and distributed/tests/test_utils, at
+    # distributed.types.CacheParams.
+    "torchrec/distributed/planner/tests/test_perf_models.py",
+    "torchrec/distributed/planner/tests/test_constants.py",
+    "torchrec/distributed/planner/tests/test_storage_reservations.py",
     "torchrec/distributed/planner/tests/test_planners.py",
     "torchrec/distributed/planner/tests/test_types.py",
+    "torchrec/distributed/planner/tests/test_utils.py",
+    "torchrec/distributed/planner/tests/test_proposers.py",
+    "torchrec/distributed/planner/tests/test_partitioners.py",
+    "torchrec/distributed/planner/tests/test_shard_estimators.py",
+    "torchrec/distributed/planner/tests/test_stats.py",
+    "torchrec/distributed/planner/tests/test_embedding_utils.py",
+    "torchrec/distributed/planner/tests/test_embeddingbag_utils.py",
     "torchrec/distributed/tests/test_utils.py",
 ]
 
