@@ -3,11 +3,10 @@
 Compatible means every call the stable signature accepted is still accepted with the same meaning: no
 parameter removed, positional parameters keep their place, name, annotation and default, every keyword-only
 parameter is still there (in any order), anything may be added before ``**kwargs`` or at the end, and the
-return annotation is the same (generics compared argument by argument).
-
-rectrain's modules use postponed annotations (PEP 563), so their signatures hold annotation *text*; a text
-annotation is compared with a typing one by spelling both the same way (``Optional[X]`` as ``X | None``,
-``List[X]`` as ``list[X]``, a class by its bare name).
+return annotation is the same. Generics are compared argument by argument, with ``Optional[X]`` the same as
+``X | None`` and ``List[X]`` as ``list[X]``; a parameter may widen to a base class of its previous annotation.
+Modules with postponed annotations (PEP 563) hold annotation *text*: text is compared with a typing object
+by spelling both the same way (a class by its bare name).
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ def _spelling(annotation: object) -> str:
         return text.replace(" ", "").replace("NoneType", "None")
     if annotation is None or annotation is type(None):
         return "None"
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
+    origin, args = _origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
         return "|".join(sorted((_spelling(a) for a in args), key=lambda s: s == "None"))
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
@@ -39,17 +38,34 @@ def _spelling(annotation: object) -> str:
     return getattr(annotation, "__name__", str(annotation)).replace(" ", "")
 
 
-def _same_annotation(previous: object, current: object) -> bool:
+def _origin(annotation: object) -> object:
+    origin = typing.get_origin(annotation)
+    return typing.Union if origin is types.UnionType else origin  # Optional[X] is X | None
+
+
+def _same_annotation(previous: object, current: object, parameter: bool = False) -> bool:
+    """Equal annotations; generics compared argument by argument. A parameter may widen to a base class of
+    its previous annotation (every value the previous one accepted is still accepted)."""
+    if isinstance(previous, typing.ForwardRef):
+        previous = previous.__forward_arg__
+    if isinstance(current, typing.ForwardRef):
+        current = current.__forward_arg__
     if previous == current:
         return True
     if isinstance(previous, str) or isinstance(current, str):
         return _spelling(previous) == _spelling(current)
-    previous_origin, current_origin = typing.get_origin(previous), typing.get_origin(current)
-    if previous_origin is None or previous_origin != current_origin:
+    if (
+        parameter
+        and isinstance(previous, type)
+        and isinstance(current, type)
+        and issubclass(previous, current)
+    ):
+        return True
+    if _origin(previous) is None or _origin(previous) != _origin(current):
         return False
     previous_args, current_args = typing.get_args(previous), typing.get_args(current)
     return len(previous_args) == len(current_args) and all(
-        _same_annotation(p, c) for p, c in zip(previous_args, current_args)
+        _same_annotation(p, c, parameter) for p, c in zip(previous_args, current_args)
     )
 
 
@@ -68,7 +84,7 @@ def is_signature_compatible(
             return False
         if old.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not (
             old.name == new.name
-            and _same_annotation(old.annotation, new.annotation)
+            and _same_annotation(old.annotation, new.annotation, parameter=True)
             and old.default == new.default
         ):
             return False
