@@ -8,7 +8,7 @@ from typing import Any
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
 
 from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable, NoWait
@@ -60,6 +60,7 @@ __all__ = [
     "PipelineType",
     "ShardMetadata",
     "ShardedModule",
+    "ShardedTensor",
     "ShardedTensorMetadata",
     "ShardingEnv",
     "ShardingPlan",
