@@ -3,7 +3,7 @@
 ``DistributedModelParallel`` shards every collection and wraps the dense part in DDP; these run only its
 sharding step (``shard_collections``), so the caller keeps its module and parallelises the rest itself:
 
-- ``shard_module(collection, plan)`` shards one collection by a module plan (``{table: ParameterSharding}``),
+- ``shard_module(module, plan)`` shards one collection by a module plan (``{table: ParameterSharding}``),
   by a generator per table (``{"t1": table_wise(rank=0)}``) or by one generator for every table;
 - ``shard_submodules(model, plan=None)`` shards each collection the plan names (planned collectively when no
   plan is given) and leaves the others, and everything else, as they are.
@@ -65,20 +65,20 @@ def module_plan_of(
 
 
 def shard_module(
-    collection: nn.Module,
+    module: nn.Module,
     plan: ModulePlan | Mapping[str, Any] | Callable,
     env: ShardingEnv | None = None,
     device: torch.device | str | None = None,
     sharder: Any = None,
 ) -> nn.Module:
     """The sharded form of one embedding collection (every rank calls it with the same plan)."""
-    sharders = _sharders(None, sharder, collection)
+    sharders = _sharders(None, sharder, module)
     env = _env(env, "shard")
     device = torch.device(device) if device is not None else _default_device(env)
-    module_plan = module_plan_of(collection, plan, env)
-    shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in _tables_of(collection)}
+    module_plan = module_plan_of(module, plan, env)
+    shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in _tables_of(module)}
     full = ShardingPlan({"": module_plan}, env.world_size, {"": shapes}, env.local_world_size)
-    return shard_collections(collection, env, device, full, sharders, planned_only=True).module
+    return shard_collections(module, env, device, full, sharders, planned_only=True).module
 
 
 def shard_submodules(
