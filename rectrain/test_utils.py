@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import socket
+import time
 import unittest
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 T = TypeVar("T")
 
@@ -56,3 +60,31 @@ def skip_if_asan_class(cls: type) -> type:
 
 def cuda_device_count() -> int:
     return torch.cuda.device_count()
+
+
+def init_distributed_single_host(
+    rank: int, world_size: int, backend: str, local_size: int | None = None
+) -> dist.ProcessGroup:
+    """This process as ``rank`` of a one-host group (``MASTER_ADDR``/``MASTER_PORT`` from the environment);
+    a group already initialised in this process is replaced."""
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size or world_size)
+    os.environ["LOCAL_RANK"] = str(rank % local_size if local_size else rank)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(rank=rank, world_size=world_size, backend=backend)
+    return dist.group.WORLD
+
+
+def seed_and_log(wrapped: Callable[..., T]) -> Callable[..., T]:
+    """Seed torch and ``random`` from the clock before each call and print the seed (to rerun a failure)."""
+
+    @functools.wraps(wrapped)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        seed = int(time.time() * 1000) % (1 << 31)
+        print(f"Using random seed: {seed}")
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        return wrapped(*args, **kwargs)
+
+    return wrapper

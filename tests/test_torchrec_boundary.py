@@ -81,6 +81,7 @@ TORCHREC_1_8 = {
         "test_utils tests warmup"
     ),
     "optim.test_utils": "__init__",
+    "schema": "__init__ api_tests test_schema_utils utils",
     "sparse": "__init__ jagged_tensor jagged_tensor_validator tensor_dict test_utils tests",
     "sparse.tests": (
         "__init__ jagged_tensor_benchmark keyed_jagged_tensor_benchmark keyed_jagged_tensor_benchmark_lib "
@@ -99,6 +100,9 @@ ALLOWED = {
     "rectrain.distributed.planner.shard_estimators": "TorchRec's per-shard storage and perf estimates in "
     "TorchRec's units, over rectrain.planner's",
     "rectrain.distributed.test_utils.test_model": _FIXTURE,
+    "rectrain.distributed.test_utils.multi_process": _FIXTURE,
+    "rectrain.schema.utils": "TorchRec's signature-compatibility rule, which has no engine counterpart",
+    "rectrain.test_utils": _FIXTURE,
     "rectrain.datasets.test_utils.criteo_test_utils": _FIXTURE,
     "rectrain.datasets.criteo": _ENGINE_PACKAGE,
     "rectrain.datasets.movielens": _ENGINE_PACKAGE,

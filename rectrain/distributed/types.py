@@ -2,16 +2,19 @@
 shard metadata, FBGEMM's ``BoundsCheckMode`` and ``CacheAlgorithm``, and the awaitables and module base class
 of TorchRec's sharded-module protocol."""
 
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
 
 from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable, NoWait
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
+from rectrain.embedding.config import DataType
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.types import ParameterSharding, ShardingType
 
@@ -25,10 +28,31 @@ class PipelineType(Enum):
     TRAIN_PREFETCH_SPARSE_DIST = "train_prefetch_sparse_dist"
 
 
+@dataclass
+class CacheParams:
+    """TorchRec's UVM-cache settings of a table (``ParameterConstraints(cache_params=...)``): the planner's
+    storage estimate reads them; a plan that uses UVM caching is refused (rectrain keeps each shard whole in
+    its rank's memory)."""
+
+    algorithm: CacheAlgorithm | None = None
+    load_factor: float | None = None
+    reserved_memory: float | None = None
+    precision: DataType | None = None
+    prefetch_pipeline: bool | None = None
+    stats: Any = None
+    multipass_prefetch_config: Any = None
+
+    def __hash__(self) -> int:
+        fields = (self.algorithm, self.load_factor, self.reserved_memory, self.precision)
+        return hash((*fields, self.prefetch_pipeline, self.multipass_prefetch_config))
+
+
 __all__ = [
     "Awaitable",
     "BoundsCheckMode",
     "CacheAlgorithm",
+    "CacheParams",
+    "DataType",
     "LazyAwaitable",
     "ModuleSharder",
     "NoWait",
@@ -36,6 +60,7 @@ __all__ = [
     "PipelineType",
     "ShardMetadata",
     "ShardedModule",
+    "ShardedTensor",
     "ShardedTensorMetadata",
     "ShardingEnv",
     "ShardingPlan",

@@ -245,3 +245,19 @@ def test_gradient_division_divides_the_backward_by_the_world_size():
     # TorchRec's comm_ops switch: the gradient of the mean of the ranks' losses instead of their sum.
     for plain, divided in run_multiprocess(_gradients_with_and_without_division, 2):
         assert torch.equal(plain, torch.full((2, 2), 3.0)) and torch.equal(divided, torch.full((2, 2), 1.5))
+
+
+def _all_gather_base_pooled(env: ShardingEnv) -> tuple[Tensor, Tensor]:
+    from rectrain.distributed import comm_ops
+
+    mine = torch.full((2, 3), float(env.rank + 1), requires_grad=True)
+    gathered = comm_ops.all_gather_base_pooled(mine, env.pg).wait()
+    (gathered * torch.arange(4.0).view(4, 1)).sum().backward()
+    return gathered.detach(), mine.grad
+
+
+def test_all_gather_base_pooled_is_the_even_all_gather_under_torchrec_name():
+    for rank, (gathered, grad) in enumerate(run_multiprocess(_all_gather_base_pooled, 2)):
+        assert torch.equal(gathered, torch.tensor([[1.0] * 3] * 2 + [[2.0] * 3] * 2))
+        # Backward: each rank's rows' weights summed over both ranks, then divided by the world size.
+        assert torch.equal(grad, torch.arange(4.0).view(4, 1)[2 * rank : 2 * rank + 2].expand(2, 3) * 2 / 2)

@@ -11,6 +11,10 @@ rules so that nothing changes silently:
   with the field named;
 - one collection trains with one optimizer: tables that were given different ones are refused;
 - FBGEMM's default is logged as a warning, naming how to choose another.
+
+Two ``fused_params`` entries are not the optimizer's: ``bounds_check_mode`` (what an id outside its table
+does, ``bounds_check_mode()``) is honoured by the id check; UVM caching (``cache_load_factor``,
+``cache_algorithm``, ...) is refused by name, since rectrain's tables live whole on their rank.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 
 from rectrain.embedding.config import BaseEmbeddingConfig, EmbOptimType, FusedOptimizerConfig
 from rectrain.errors import ConfigError
@@ -72,6 +77,16 @@ _NEUTRAL = {
     "stochastic_rounding": True,
 }
 FBGEMM_DEFAULT = FusedOptimizerConfig(optimizer=EmbOptimType.SGD, lr=0.01)
+BOUNDS_CHECK_MODE = "bounds_check_mode"
+# TorchRec's UVM-caching fused params (FUSED_PARAM_* and CacheParams' fields as fused params).
+_CACHE_PARAMS = (
+    "cache_load_factor",
+    "cache_algorithm",
+    "cache_reserved_memory",
+    "cache_precision",
+    "prefetch_pipeline",
+    "cache_prefetch_pipeline",
+)
 
 
 def _optimizer_type(value: Any, where: str) -> EmbOptimType:
@@ -81,6 +96,16 @@ def _optimizer_type(value: Any, where: str) -> EmbOptimType:
     if name in _FBGEMM_NAMES:
         return _FBGEMM_NAMES[name]
     raise ConfigError(f"{where}: optimizer {name} has no rectrain kernel; use one of {sorted(_FBGEMM_NAMES)}")
+
+
+def bounds_check_mode(params: Mapping[str, Any] | None, where: str = "fused_params") -> BoundsCheckMode:
+    """FBGEMM's ``BoundsCheckMode`` from ``fused_params`` (rectrain's default: FATAL, never silent)."""
+    value = (params or {}).get(BOUNDS_CHECK_MODE, BoundsCheckMode.FATAL)
+    try:
+        return value if isinstance(value, BoundsCheckMode) else BoundsCheckMode[str(value).upper()]
+    except KeyError:
+        names = [m.name for m in BoundsCheckMode]
+        raise ConfigError(f"{where}: bounds_check_mode={value!r} is not one of {names}") from None
 
 
 def optimizer_type_of(cls: type) -> EmbOptimType | None:
@@ -93,7 +118,14 @@ def config_from_fused_params(params: Mapping[str, Any], where: str) -> FusedOpti
     unsupported entries raise ConfigError naming them."""
     values: dict[str, Any] = {}
     for key, value in params.items():
-        if key == "optimizer":
+        if key == BOUNDS_CHECK_MODE:
+            bounds_check_mode(params, where)  # not the optimizer's: read by the id check
+        elif key in _CACHE_PARAMS:
+            raise ConfigError(
+                f"{where}: {key}={value!r} asks for UVM caching (fused_uvm_caching), which rectrain does not "
+                "implement on CPU; leave it out: each shard is held whole in its rank's memory"
+            )
+        elif key == "optimizer":
             values["optimizer"] = _optimizer_type(value, where)
         elif key in _FIELDS:
             values[_FIELDS[key]] = float(value)
@@ -142,6 +174,9 @@ def resolve(
         sharder_params: the matching sharder's ``fused_params``.
     """
     where = f"embedding collection {path or '<root>'!r}"
+    if sharder_params and BOUNDS_CHECK_MODE in sharder_params:
+        bounds_check_mode(sharder_params, where)
+        sharder_params = {k: v for k, v in sharder_params.items() if k != BOUNDS_CHECK_MODE}
     per_table = {name: in_backward_params(w, f"{where}, table {name!r}") for name, w in weights.items()}
     given = {name: p for name, p in per_table.items() if p is not None}
     if explicit is not None:

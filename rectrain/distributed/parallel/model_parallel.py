@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -119,14 +119,16 @@ def _shard(
     device: torch.device,
     optimizer: FusedOptimizerConfig,
     auto: BackwardChoice | None,
+    sharders: list | None = None,
 ) -> nn.Module:
     module_plan = plan.get_plan_for_module(path)
     if module_plan is None:
         raise ConfigError(f"the sharding plan has no entry for the embedding collection at {path!r}")
     optimizer = resolved(optimizer, auto)
-    if isinstance(collection, EmbeddingBagCollection):
-        return ShardedEmbeddingBagCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
-    return ShardedEmbeddingCollection(collection, module_plan, env, device, fused_optimizer=optimizer)
+    bounds = fused_params.bounds_check_mode(_sharder_fused_params(sharders, collection), path or "<root>")
+    kind = ShardedEmbeddingBagCollection if isinstance(collection, EmbeddingBagCollection) else None
+    kind = kind or ShardedEmbeddingCollection
+    return kind(collection, module_plan, env, device, fused_optimizer=optimizer, bounds_check_mode=bounds)
 
 
 def refuse_managed_collision(module: nn.Module) -> None:
@@ -211,6 +213,56 @@ def _replace(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
     return root
 
 
+class ShardedCollections(NamedTuple):
+    """What ``shard_collections`` did: the model (the same object unless it was itself a collection)."""
+
+    module: nn.Module
+    plan: ShardingPlan | None
+    cpu_backward: dict[str, BackwardChoice]
+    paths: list[str]
+
+
+def shard_collections(
+    module: nn.Module,
+    env: ShardingEnv,
+    device: torch.device,
+    plan: ShardingPlan | None = None,
+    sharders: list | None = None,
+    batch_size: int | None = None,
+    topology: Topology | None = None,
+    *,
+    planned_only: bool = False,
+) -> ShardedCollections:
+    """Steps 1-5 of the module doc: replace each embedding collection of ``module`` by its sharded form.
+
+    ``planned_only``: a collection the given plan has no entry for stays unsharded (TorchRec's
+    ``shard_modules``); otherwise it is refused, since DMP would silently train it replicated but unsynced.
+    Sharders restrict the collections to their module types when ``planned_only`` (TorchRec shards only
+    the module types it has sharders for)."""
+    refuse_managed_collision(module)
+    refuse_unsupported_sharders(sharders)
+    collections = find_collections(module)
+    if planned_only and sharders:
+        types = tuple(s.module_type for s in sharders if isinstance(getattr(s, "module_type", None), type))
+        collections = {p: c for p, c in collections.items() if isinstance(c, types)}
+    if planned_only and plan is not None:
+        collections = {p: c for p, c in collections.items() if plan.get_plan_for_module(p) is not None}
+    optimizers = collection_optimizers(collections, sharders)
+    if plan is None and collections:
+        plan = plan_collections(collections, env, device, batch_size, sharders, optimizers)
+    if plan is not None and collections:
+        topology = topology or Topology(
+            world_size=env.world_size, compute_device=device.type, local_world_size=env.local_world_size
+        )
+        check_memory(plan, collections, module, topology, batch_size, optimizers)
+    auto = agree_on_auto(env, device) if collections else None
+    cpu_backward = {path: cpu_backward_choice(optimizers[path], device, auto) for path in collections}
+    for path, collection in collections.items():
+        sharded = _shard(collection, path, plan, env, device, optimizers[path], auto, sharders)
+        module = _replace(module, path, sharded)
+    return ShardedCollections(module, plan, cpu_backward, list(collections))
+
+
 class DistributedModelParallel(nn.Module):
     """A model whose embedding collections are sharded across the ranks of ``env`` (``torchrec``'s DMP).
 
@@ -256,33 +308,14 @@ class DistributedModelParallel(nn.Module):
             env = ShardingEnv.from_process_group(dist.group.WORLD)
         self.env = env
         self.device = torch.device(device) if device is not None else _default_device(env)
-        refuse_managed_collision(module)
-        refuse_unsupported_sharders(sharders)
-        collections = find_collections(module)
-        optimizers = collection_optimizers(collections, sharders)
-        if plan is None and collections:
-            plan = plan_collections(collections, env, self.device, batch_size, sharders, optimizers)
-        self.plan = plan
-        self._sharded_paths = list(collections)
-        if plan is not None and collections:
-            topology = topology or Topology(
-                world_size=env.world_size,
-                compute_device=self.device.type,
-                local_world_size=env.local_world_size,
-            )
-            check_memory(plan, collections, module, topology, batch_size, optimizers)
-        auto = agree_on_auto(env, self.device) if collections else None
-        self.cpu_backward = {
-            path: cpu_backward_choice(optimizers[path], self.device, auto) for path in collections
-        }
-        for path, collection in collections.items():
-            sharded = _shard(collection, path, plan, env, self.device, optimizers[path], auto)
-            module = _replace(module, path, sharded)
+        done = shard_collections(module, env, self.device, plan, sharders, batch_size, topology)
+        module, self.plan, self.cpu_backward = done.module, done.plan, done.cpu_backward
+        self._sharded_paths = list(done.paths)
         _materialise_meta(module, self._sharded_paths, self.device)
         module = module.to(self.device)
         self._dmp_wrapped_module = self._wrap_dense(module)
         logger.info(
-            "DistributedModelParallel on rank %d/%d: sharded %s", env.rank, env.world_size, collections
+            "DistributedModelParallel on rank %d/%d: sharded %s", env.rank, env.world_size, done.paths
         )
 
     def _wrap_dense(self, module: nn.Module) -> nn.Module:

@@ -50,6 +50,16 @@ class BaseEmbeddingSharder(Generic[M]):
             return [EmbeddingComputeKernel.DENSE.value]
         return [EmbeddingComputeKernel.FUSED.value]
 
+    def shard(
+        self, module: M, params: Any, env: Any, device: Any = None, module_fqn: str | None = None
+    ) -> nn.Module:
+        """``module`` sharded by ``params`` (``{table: ParameterSharding}``) on ``env``'s ranks, as
+        TorchRec's sharders do (``rectrain.distributed.shard.shard`` with this sharder)."""
+        # Imported here: module_sharding imports the DMP machinery, which reads sharders.
+        from rectrain.distributed.parallel.module_sharding import shard_module
+
+        return shard_module(module, params, env, device, sharder=self)
+
     def shardable_parameters(self, module: nn.Module) -> dict[str, nn.Parameter]:
         """``{table name: weight}`` of the collection's tables (what TorchRec's planner enumerates)."""
         return table_weights(module)

@@ -7,16 +7,25 @@ position, id, feature) is copied into pinned host memory without waiting; a late
 whose copies have landed and raises for the first bad one, naming the feature, the id and how many batches
 ago it came. Meanwhile FBGEMM's bounds check (``BoundsCheckMode.WARNING`` on CUDA) has looked the bad id up
 as row 0 rather than read out of bounds.
+
+The sharder's ``fused_params["bounds_check_mode"]`` chooses what a bad id does, with FBGEMM's meanings:
+``FATAL`` (rectrain's default: never silent) raises; ``WARNING`` logs the first bad id of the batch and looks
+every bad id up as row 0; ``IGNORE`` looks them up as row 0 silently; ``NONE`` checks nothing here (the
+CPU kernel's own check still refuses an id outside its shard).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 # Verdicts in flight before a check waits for the oldest (the host is then this many batches ahead of the
 # GPU, far more than a pipeline keeps: a safety bound, not a tuning knob).
@@ -33,15 +42,24 @@ class _Verdict:
 
 
 class IdCheck:
-    """Raise ``ValueError`` naming the feature when an id lies outside its table.
+    """Raise ``ValueError`` naming the feature when an id lies outside its table (or, by ``mode``, warn
+    and look it up as row 0: see the module doc).
 
     Args:
         features: the routed features, in the order of ``LocalFeatures.lengths``' rows.
         rows: each feature's table size.
         deferred: check on the device and report later (default: when the ids are on a GPU).
+        mode: FBGEMM's ``BoundsCheckMode``.
     """
 
-    def __init__(self, features: Sequence[str], rows: Sequence[int], deferred: bool | None = None) -> None:
+    def __init__(
+        self,
+        features: Sequence[str],
+        rows: Sequence[int],
+        deferred: bool | None = None,
+        mode: BoundsCheckMode = BoundsCheckMode.FATAL,
+    ) -> None:
+        self.mode = BoundsCheckMode(mode)
         self.features = tuple(features)
         self.rows = torch.tensor(list(rows), dtype=torch.int64)
         self._smallest = min(rows, default=0)
@@ -50,18 +68,25 @@ class IdCheck:
         self._pending: deque[_Verdict] = deque()
         self._batches = 0
 
-    def __call__(self, lengths: Tensor, values: Tensor) -> None:
-        """Check one batch: ``lengths`` is ``[features, batch]``, ``values`` the ids feature by feature."""
+    def __call__(self, lengths: Tensor, values: Tensor) -> Tensor:
+        """Check one batch: ``lengths`` is ``[features, batch]``, ``values`` the ids feature by feature.
+        Returns the ids to look up (``values`` itself unless bad ids became row 0)."""
+        if self.mode is BoundsCheckMode.NONE:
+            return values
         self._batches += 1
         deferred = values.is_cuda if self.deferred is None else self.deferred
-        if not deferred:
-            self._check_now(lengths, values)
-            return
-        self.report()
-        if values.numel():
-            self._pending.append(self._start(lengths, values))
-        if len(self._pending) > _MAX_PENDING:
-            self.report(wait=True)
+        if self.mode is not BoundsCheckMode.IGNORE:
+            if not deferred:
+                self._check_now(lengths, values)
+            else:
+                self.report()
+                if values.numel():
+                    self._pending.append(self._start(lengths, values))
+                if len(self._pending) > _MAX_PENDING:
+                    self.report(wait=True)
+        if self.mode is BoundsCheckMode.FATAL or values.numel() == 0:
+            return values
+        return values.masked_fill(self._bad(lengths, values)[0], 0)
 
     def _rows(self, device: torch.device) -> Tensor:
         if device not in self._rows_on:
@@ -117,7 +142,11 @@ class IdCheck:
 
     def _raise(self, feature: int, value: int, batches_ago: int) -> None:
         when = f" (in the batch {batches_ago} before this one)" if batches_ago else ""
-        raise ValueError(
+        message = (
             f"feature {self.features[feature]!r}: id {value} is out of range for its table "
             f"(num_embeddings={int(self.rows[feature])}){when}"
         )
+        if self.mode is BoundsCheckMode.WARNING:
+            logger.warning("%s; looked up as row 0 (bounds_check_mode=WARNING)", message)
+            return
+        raise ValueError(message)

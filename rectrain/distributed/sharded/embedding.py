@@ -21,7 +21,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from torch import Tensor, nn
 
 from rectrain.distributed.comm.env import ShardingEnv
-from rectrain.distributed.routing.id_check import IdCheck
+from rectrain.distributed.routing.id_check import BoundsCheckMode, IdCheck
 from rectrain.distributed.routing.input_dist import FeatureSelector, ShardInput, to_shard_input
 from rectrain.distributed.routing.sequence_dist import (
     SequenceAssembler,
@@ -74,6 +74,8 @@ class ShardedEmbeddingCollection(nn.Module):
         device: where this rank's shards live and run.
         fused_optimizer: the fused optimizer its kernels run; default ``ec``'s (``DistributedModelParallel``
             passes ``ec``'s with ``cpu_backward="auto"`` replaced by the kernel all ranks agreed on).
+        bounds_check_mode: what an id outside its table does (``routing.id_check``; the sharder's
+            ``fused_params["bounds_check_mode"]`` under DMP).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class ShardedEmbeddingCollection(nn.Module):
         device: torch.device,
         *,
         fused_optimizer: FusedOptimizerConfig | None = None,
+        bounds_check_mode: BoundsCheckMode = BoundsCheckMode.FATAL,
     ) -> None:
         super().__init__()
         tables = ec.embedding_configs()
@@ -119,7 +122,9 @@ class ShardedEmbeddingCollection(nn.Module):
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._id_check = IdCheck(self.routing.features, [rows[f] for f in self.routing.features])
+        self._id_check = IdCheck(
+            self.routing.features, [rows[f] for f in self.routing.features], mode=bounds_check_mode
+        )
         self._assembler = SequenceAssembler(self.routing)
         feature_of = {n: f for t in tables for f, n in zip(t.feature_names, names_by_table[t.name])}
         self._key_features = [
@@ -154,7 +159,7 @@ class ShardedEmbeddingCollection(nn.Module):
     def _routed_forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         """Input all-to-all, shard lookup, output all-to-all, assembly: the routed tables' outputs."""
         local = self._selector(features, False)
-        self._id_check(local.lengths, local.values)
+        local.values = self._id_check(local.lengths, local.values)
         sent, pending = send_ids(self.routing, local, self.env.pg)
         lengths, values, batches = pending.wait()
         num_streams = len(self._stream_dims)

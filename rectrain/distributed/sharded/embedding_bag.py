@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.comm.pending import Pending
-from rectrain.distributed.routing.id_check import IdCheck
+from rectrain.distributed.routing.id_check import BoundsCheckMode, IdCheck
 from rectrain.distributed.routing.input_dist import (
     FeatureSelector,
     LocalFeatures,
@@ -58,6 +58,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             passes the one taken TorchRec's way, with ``cpu_backward="auto"`` replaced by the kernel all
             ranks agreed on). When ``ebc`` was built without one (TorchRec's way), its data-parallel tables
             stay trainable parameters (``dense_data_parallel``).
+        bounds_check_mode: what an id outside its table does (``routing.id_check``; the sharder's
+            ``fused_params["bounds_check_mode"]`` under DMP).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         device: torch.device,
         *,
         fused_optimizer: FusedOptimizerConfig | None = None,
+        bounds_check_mode: BoundsCheckMode = BoundsCheckMode.FATAL,
     ) -> None:
         super().__init__()
         tables = ebc.embedding_bag_configs()
@@ -111,7 +114,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
         self._selector = FeatureSelector(self.routing.features)
         rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._id_check = IdCheck(self.routing.features, [rows[f] for f in self.routing.features])
+        self._id_check = IdCheck(
+            self.routing.features, [rows[f] for f in self.routing.features], mode=bounds_check_mode
+        )
         self._assembler = PooledAssembler(self.routing, device)
         self._embedding_names = [n for names in names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
@@ -154,7 +159,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _start_input_dist(self, features: KeyedJaggedTensor) -> tuple[LocalFeatures, Pending]:
         local = self._selector(features, self._is_weighted)
-        self._id_check(local.lengths, local.values)
+        local.values = self._id_check(local.lengths, local.values)
         return local, send_features(self.routing, local, self.env.pg)
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
