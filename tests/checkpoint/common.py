@@ -63,7 +63,7 @@ def build_model(
 
 
 def plan_for(name: str, world_size: int) -> ShardingPlan:
-    module_plan = construct_module_sharding_plan(tables(), PLANS[name](), world_size)
+    module_plan = construct_module_sharding_plan(tables(), PLANS[name](), world_size=world_size)
     shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables()}
     return ShardingPlan({EBC_PATH: module_plan}, world_size, {EBC_PATH: shapes})
 

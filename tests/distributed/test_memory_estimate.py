@@ -33,7 +33,7 @@ def _model() -> DLRM:
 def _plan(world_size: int) -> ShardingPlan:
     ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=FusedOptimizerConfig())
     generators = {"t0": table_wise(0), "t1": table_wise(world_size - 1)}
-    module = construct_module_sharding_plan(ebc, generators, world_size)
+    module = construct_module_sharding_plan(ebc, generators, world_size=world_size)
     path = "sparse_arch.embedding_bag_collection"
     return ShardingPlan({path: module}, world_size, {path: SHAPES})
 
@@ -89,7 +89,7 @@ def test_plan_that_does_not_fit_is_refused_naming_rank_and_numbers():
 
 def test_estimate_counts_replicas_and_state():
     ebc = EmbeddingBagCollection(_tables(), device="meta", fused_optimizer=FusedOptimizerConfig())
-    module = construct_module_sharding_plan(ebc, {"t0": table_wise(1), "t1": table_wise(1)}, 2)
+    module = construct_module_sharding_plan(ebc, {"t0": table_wise(1), "t1": table_wise(1)}, world_size=2)
     plan = ShardingPlan({"": module}, 2, {"": SHAPES})
     config = ebc.fused_optimizer_config
     idle, busy = rank_memory(plan, {"": _tables()}, config, BATCH)

@@ -72,7 +72,9 @@ def _shard(env, collection, kind: str, fused: bool):
         else collection.embedding_configs()
     )
     per_table = {t.name: _generator(kind, t.embedding_dim, env.world_size) for t in tables}
-    plan = construct_module_sharding_plan(collection, per_table, env.world_size, env.local_world_size)
+    plan = construct_module_sharding_plan(
+        collection, per_table, world_size=env.world_size, local_size=env.local_world_size
+    )
     cls = (
         ShardedEmbeddingBagCollection
         if isinstance(collection, EmbeddingBagCollection)

@@ -73,7 +73,7 @@ def _train(env, plan_rows_wise: bool) -> dict:
 
         tables = model.sparse.ebc.embedding_bag_configs()
         module_plan = construct_module_sharding_plan(
-            tables, {t.name: row_wise() for t in tables}, env.world_size
+            tables, {t.name: row_wise() for t in tables}, world_size=env.world_size
         )
         shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables}
         plan = ShardingPlan({"sparse.ebc": module_plan}, env.world_size, {"sparse.ebc": shapes})

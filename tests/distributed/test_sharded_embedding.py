@@ -68,7 +68,7 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str) -> int:
     config = FusedOptimizerConfig(optimizer=EmbOptimType(optimizer), lr=0.1)
     ec = EmbeddingCollection(_tables(), need_indices=True, fused_optimizer=config)
     reference = copy.deepcopy(ec)
-    plan = construct_module_sharding_plan(ec, _plan(kinds, env.world_size), env.world_size)
+    plan = construct_module_sharding_plan(ec, _plan(kinds, env.world_size), world_size=env.world_size)
     sharded = ShardedEmbeddingCollection(ec, plan, env, torch.device("cpu"))
     batch_sizes = [3 + 2 * r for r in range(env.world_size)]
     start, total = sum(batch_sizes[: env.rank]), sum(batch_sizes)
@@ -117,6 +117,6 @@ def test_each_sharding_type_alone(kind, optimizer):
 
 def test_missing_table_in_plan_names_it():
     ec = EmbeddingCollection(_tables())
-    plan = construct_module_sharding_plan(ec, {"t_tw": table_wise(rank=0)}, 1)
+    plan = construct_module_sharding_plan(ec, {"t_tw": table_wise(rank=0)}, world_size=1)
     with pytest.raises(ConfigError, match="t_rw"):
         ShardedEmbeddingCollection(ec, plan, ShardingEnv(world_size=1, rank=0), torch.device("cpu"))

@@ -63,7 +63,10 @@ def _train_and_compare(env, kinds: dict[str, str], optimizer: str, weighted: boo
     ebc = EmbeddingBagCollection(_tables(), is_weighted=weighted, fused_optimizer=config)
     reference = copy.deepcopy(ebc)
     plan = construct_module_sharding_plan(
-        ebc, _plan(kinds, env.world_size, env.local_world_size), env.world_size, env.local_world_size
+        ebc,
+        _plan(kinds, env.world_size, env.local_world_size),
+        world_size=env.world_size,
+        local_size=env.local_world_size,
     )
     sharded = ShardedEmbeddingBagCollection(ebc, plan, env, torch.device("cpu"))
     batch_sizes = [3 + 2 * r for r in range(env.world_size)]

@@ -36,7 +36,7 @@ def _train_and_save(env, root: str) -> None:
     per_table = {"t0": row_wise(), "t1": column_wise([0, 1]), "t2": table_wise(1), "t3": table_wise(0)}
     shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in CFG.tables}
     plan = ShardingPlan(
-        {EBC_PATH: construct_module_sharding_plan(CFG.tables, per_table, env.world_size)},
+        {EBC_PATH: construct_module_sharding_plan(CFG.tables, per_table, world_size=env.world_size)},
         env.world_size,
         {EBC_PATH: shapes},
     )

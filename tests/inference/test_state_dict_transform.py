@@ -27,7 +27,7 @@ class Model(nn.Module):
 def _gather(env) -> dict:
     torch.manual_seed(0)
     reference = Model()
-    module_plan = construct_module_sharding_plan(TABLES, {"t0": row_wise()}, env.world_size)
+    module_plan = construct_module_sharding_plan(TABLES, {"t0": row_wise()}, world_size=env.world_size)
     plan = ShardingPlan({"ebc": module_plan}, env.world_size, {"ebc": {"t0": (30, 4)}})
     dmp = DistributedModelParallel(Model(), env=env, device=torch.device("cpu"), plan=plan)
     dmp.load_state_dict(reference.state_dict())

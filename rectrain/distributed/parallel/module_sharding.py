@@ -60,7 +60,9 @@ def module_plan_of(
         plan = dict.fromkeys(names, plan)
     given = {name: s for name, s in plan.items() if isinstance(s, ParameterSharding)}
     generators = {name: g for name, g in plan.items() if not isinstance(g, ParameterSharding)}
-    built = construct_module_sharding_plan(collection, generators, env.world_size, env.local_world_size)
+    built = construct_module_sharding_plan(
+        collection, generators, world_size=env.world_size, local_size=env.local_world_size
+    )
     return {name: {**given, **built}[name] for name in plan}
 
 

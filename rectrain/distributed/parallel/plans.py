@@ -89,15 +89,26 @@ def table_row_wise(host_index: int) -> ParameterShardingGenerator:
 def construct_module_sharding_plan(
     module: nn.Module | Sequence[BaseEmbeddingConfig],
     per_param_sharding: Mapping[str, ParameterShardingGenerator],
-    world_size: int,
+    sharder: object | None = None,
     local_size: int | None = None,
+    world_size: int | None = None,
+    device_type: str | None = None,
 ) -> ModulePlan:
-    """``{table: ParameterSharding}`` for a collection (or its table configs), one generator per table."""
+    """``{table: ParameterSharding}`` for a collection (or its table configs), one generator per table.
+
+    TorchRec's signature: ``world_size`` defaults to the default process group's, ``local_size`` to
+    ``world_size``; a ``sharder`` that names its sharding types refuses a plan it cannot shard."""
     if isinstance(module, nn.Module):
         configs = getattr(module, "embedding_bag_configs", None) or module.embedding_configs
         tables = list(configs())
     else:
         tables = list(module)
+    if world_size is None:
+        if not torch.distributed.is_initialized():
+            raise ConfigError(
+                "construct_module_sharding_plan: give world_size= (no default process group to take it from)"
+            )
+        world_size = torch.distributed.get_world_size()
     local_size = local_size or world_size
     by_name = {t.name: t for t in tables}
     unknown = sorted(set(per_param_sharding) - set(by_name))
@@ -107,6 +118,13 @@ def construct_module_sharding_plan(
     for name, make in per_param_sharding.items():
         table = by_name[name]
         sharding = make(table, world_size, local_size)
+        if sharder is not None and hasattr(sharder, "sharding_types"):
+            allowed = sharder.sharding_types(device_type or "cpu")
+            if str(getattr(sharding.sharding_type, "value", sharding.sharding_type)) not in allowed:
+                raise ConfigError(
+                    f"table {name!r}: sharding type {sharding.sharding_type} is not one of the "
+                    f"sharder's {allowed}"
+                )
         validate_sharding(name, sharding, (table.num_embeddings, table.embedding_dim), world_size, local_size)
         plan[name] = sharding
     return plan
