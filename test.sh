@@ -23,7 +23,9 @@ run_pytest() {
   ruff check .
   ruff format --check .
   # One pytest process per core (pytest-xdist): most slow tests wait on subprocesses, sockets and timeouts.
-  run_pytest -n "${RECTRAIN_TEST_PROCESSES:-auto}" "$@"
+  # Work stealing: a worker that runs out takes queued tests from the other, so one long test does not
+  # hold a queue behind it while the other worker sits idle (--dist load hands out fixed chunks).
+  run_pytest -n "${RECTRAIN_TEST_PROCESSES:-auto}" --dist worksteal "$@"
 )
 if [ -z "${RECTRAIN_SKIP_TRITON_ENV:-}" ]; then
   (

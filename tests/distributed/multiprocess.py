@@ -4,10 +4,17 @@ Each rank gets a ``ShardingEnv`` of an initialised default process group (rendez
 a fresh temp dir, so no ports are involved), one intra-op thread, and torchrun-like RANK / LOCAL_RANK /
 LOCAL_WORLD_SIZE environment variables, which lets a test emulate several hosts on one machine. A failure
 on any rank fails the calling test with that rank's traceback; ranks still running at the timeout are killed.
+
+Ranks start through a forkserver that has imported torch, FBGEMM and rectrain once per test process: each
+rank is still a fresh single-threaded process with its own process group, but it skips the seconds a
+spawned interpreter spends importing them (CI starts a few hundred ranks). A forked rank does not see
+environment changes its parent made after the forkserver started, so the parent's environment travels with
+the call and the rank adopts it before anything else runs.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
 import time
@@ -22,6 +29,31 @@ import torch.multiprocessing as mp
 
 from rectrain.distributed.comm.env import ShardingEnv, exit_without_finalizing
 from rectrain.distributed.comm.lifeline import die_with_parent
+
+# What the forkserver imports once; a rank forked from it finds these in sys.modules. A name that fails to
+# import is skipped by the forkserver, and the rank then imports it itself, as a spawned rank would.
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.multiprocessing",
+    "fbgemm_gpu",
+    "pytest",
+    "rectrain.distributed",
+    "rectrain.distributed.model_parallel",
+    "rectrain.distributed.comm",
+    "rectrain.distributed.planner",
+    "rectrain.checkpoint",
+    "rectrain.models",
+    "rectrain.train.job",
+    "rectrain.metrics",
+]
+
+
+def _start_method() -> str:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+    return "forkserver"
 
 
 class RankFailedError(RuntimeError):
@@ -46,8 +78,10 @@ def run_multiprocess(
     if world_size % local_world_size:
         raise ValueError(f"local_world_size ({local_world_size}) must divide world_size ({world_size})")
     with tempfile.TemporaryDirectory(prefix="rectrain-mp-") as tmp:
-        worker_args = (fn, world_size, local_world_size, tmp, backend, timeout, args)
-        ctx = mp.start_processes(_worker, worker_args, nprocs=world_size, join=False, start_method="spawn")
+        environ = dict(os.environ)
+        worker_args = (fn, world_size, local_world_size, tmp, backend, timeout, args, environ)
+        method = _start_method()
+        ctx = mp.start_processes(_worker, worker_args, nprocs=world_size, join=False, start_method=method)
         try:
             _join(ctx, timeout)
         except RankFailedError as e:
@@ -107,8 +141,11 @@ def _worker(
     backend: str,
     timeout: float,
     args: tuple,
+    environ: dict[str, str],
 ) -> None:
     die_with_parent()  # a test run stopped mid-way (pytest -x, Ctrl-C) leaves no rank behind
+    os.environ.clear()  # the caller's environment now, not the forkserver's at its start
+    os.environ.update(environ)
     torch.set_num_threads(1)
     os.environ.update(
         RANK=str(rank),

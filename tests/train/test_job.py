@@ -139,7 +139,10 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_143(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while not (log.exists() and '"train"' in log.read_text()):
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-2000:]
+            if process.poll() is not None or time.monotonic() >= deadline:
+                process.kill()  # before reading its stderr: a live run would hold the read until it ended
+                code = process.wait()
+                pytest.fail(f"no training event in 120 s, exit code {code}:\n{process.stderr.read()[-2000:]}")
             time.sleep(0.2)
         os.kill(process.pid, signal.SIGTERM)
         out, err = process.communicate(timeout=120)

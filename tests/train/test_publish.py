@@ -170,7 +170,12 @@ def test_a_kill_during_publishing_leaves_only_complete_deltas_and_the_restart_co
         deadline = time.monotonic() + 120
         # publishing every step, most moments are inside a publish (a delta or a base being staged)
         while len(list(publish.glob("*-deltas/*"))) < 3:
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-2000:]
+            if process.poll() is not None or time.monotonic() >= deadline:
+                process.kill()  # before reading its stderr: a live run would hold the read until it ended
+                code = process.wait()
+                pytest.fail(
+                    f"fewer than 3 deltas in 120 s, exit code {code}:\n{process.stderr.read()[-2000:]}"
+                )
             time.sleep(0.01)
         process.kill()
         process.wait(timeout=60)
