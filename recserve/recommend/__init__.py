@@ -1,0 +1,1 @@
+"""Recommendation pipelines: two-tower retrieval over an ANN index, a filter, ranking, top-k (docs/recommend.md)."""
