@@ -1,1 +1,4 @@
-"""Recommendation pipelines: two-tower retrieval over an ANN index, a filter, ranking, top-k (docs/recommend.md)."""
+"""Recommendation pipelines: two-tower retrieval over an ANN index, filter, ranking, top-k.
+
+See docs/recommend.md.
+"""

@@ -33,7 +33,7 @@ INDEX_FILE = "index.faiss"
 
 @dataclass
 class Limits:
-    """Request bounds: candidates ``n`` retrieved (default, max), ``k`` returned (default, max), excluded ids."""
+    """Request bounds: candidates retrieved (default, max), ``k`` returned (default, max), excluded ids."""
 
     num_candidates: int = 1000
     max_candidates: int = 4000

@@ -60,7 +60,7 @@ def make_pipeline(root: Path, **options) -> Path:
     retrieval = export_model(root / "tt", two_tower_config(), "towers", seed=1)
     ranking = export_model(root / "rank", ranking_config(), "ranker", seed=2)
     catalogue = write_catalogue(root / "items.tsv")
-    limits = options.pop("limits", Limits(num_candidates=50, max_candidates=200, top_k=10, max_k=50))
+    limits = options.pop("limits", Limits(num_candidates=50, max_candidates=400, top_k=10, max_k=50))
     return export_pipeline(
         root / "pipe", retrieval=retrieval, ranking=ranking, catalogue=catalogue, limits=limits, **options
     )
