@@ -39,6 +39,7 @@ from recserve.server.transports.admission import AdmissionLimit, QueueLag, priva
 from recserve.server.transports.budget import MemoryBudget
 from recserve.server.transports.handlers import DecodeFailureLog, add_service
 from recserve.server.transports.oip import InferenceServicer
+from recserve.server.transports.oip_recommend import PipelineModel
 from recserve.server.transports.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.transports.reads import ReadWatch, WatchedPool, fast_read_slots
 from recserve.server.transports.rest import RestApi, RestServer
@@ -261,7 +262,8 @@ class RecServer:
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core, self.recommender), decode_log)
-        oip = InferenceServicer(self.core, self.repository, device=cfg.device, recommender=self.recommender)
+        pipeline = None if self.recommender is None else PipelineModel(self.recommender)
+        oip = InferenceServicer(self.core, self.repository, device=cfg.device, pipeline=pipeline)
         add_service(server, oip_pb2, "GRPCInferenceService", oip, decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (PREDICTOR_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)

@@ -270,17 +270,18 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
     configuration, statistics and repository extensions (:mod:`recserve.server.transports.triton_ext`)."""
 
     def __init__(
-        self, core: InferenceCore, repository: Repository, *, device: str = "cpu", recommender=None
+        self, core: InferenceCore, repository: Repository, *, device: str = "cpu", pipeline=None
     ) -> None:
         self._core = core
         self._repository = repository
         self._device = device
-        self._recommender = recommender  # a RecommendService: the pipeline is a model of its own name
+        # A recommendation pipeline served beside the model, under its own name
+        # (recserve.server.transports.oip_recommend.PipelineModel: metadata(), infer(request, context)).
+        self._pipeline_model = pipeline
 
     def _pipeline(self, name: str):
-        """The pipeline service when ``name`` names the served pipeline (a RecommendService)."""
-        service = self._recommender
-        return service if service is not None and name and name == service.model_name else None
+        model = self._pipeline_model
+        return model if model is not None and name and name == model.model_name else None
 
     def ServerLive(self, request, context):
         return oip_pb2.ServerLiveResponse(live=True)
@@ -305,9 +306,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelMetadata(self, request, context):
         if self._pipeline(request.name) is not None:
-            from recserve.server.transports.oip_recommend import pipeline_metadata
-
-            return pipeline_metadata(self._pipeline(request.name))
+            return self._pipeline(request.name).metadata()
         s = self._core.find(named("name", request.name), request.version).schema
         resp = oip_pb2.ModelMetadataResponse(name=s.model_name, versions=[s.version], platform=PLATFORM)
         for name, dtype, shape in input_metadata(s):
@@ -317,9 +316,7 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
         if self._pipeline(request.model_name) is not None:
-            from recserve.server.transports.oip_recommend import pipeline_infer
-
-            return pipeline_infer(self._pipeline(request.model_name), request, context)
+            return self._pipeline(request.model_name).infer(request, context)
         received = time.monotonic()
         runner = self._core.find(named("model_name", request.model_name), request.model_version)
         arrays = decode_batchable(request, runner.schema, runner.oip_layout)

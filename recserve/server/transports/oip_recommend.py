@@ -128,3 +128,22 @@ def pipeline_infer(
     received = time.monotonic()
     user, deadline = decode_pipeline_request(service, req, received, request_deadline(context, received))
     return pipeline_response(req, service.recommend(user, deadline, received))
+
+
+class PipelineModel:
+    """The pipeline as the OIP service's model of its own name (what ``InferenceServicer`` calls)."""
+
+    def __init__(self, service: RecommendService) -> None:
+        self.service = service
+
+    @property
+    def model_name(self) -> str:
+        return self.service.model_name
+
+    def metadata(self) -> oip_pb2.ModelMetadataResponse:
+        return pipeline_metadata(self.service)
+
+    def infer(
+        self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext
+    ) -> oip_pb2.ModelInferResponse:
+        return pipeline_infer(self.service, request, context)
