@@ -158,7 +158,8 @@ def open_loop(stub, args: argparse.Namespace) -> list[float]:
 def start_server(pipeline: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(pipeline), "--port", str(port)]
     cmd += ["--metrics-port", "-1", "--admin-port", "-1", "--workers", str(args.workers)]
-    return wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return wait_serving(subprocess.Popen(cmd, env=env), port, timeout_s=900)  # verifies every file first
 
 
 def index_only(args: argparse.Namespace) -> None:
