@@ -150,7 +150,7 @@ def export_pipeline(
     problem = version_problem(str(version))
     if problem:
         raise ExportError(f"--version: {problem}")
-    if not 1 <= limits.top_k <= limits.max_k and 1 <= limits.num_candidates <= limits.max_candidates:
+    if not (1 <= limits.top_k <= limits.max_k and 1 <= limits.num_candidates <= limits.max_candidates):
         raise ExportError(
             f"limits: need 1 <= top_k <= max_k and 1 <= num_candidates <= max_candidates, got {limits}"
         )
