@@ -5,4 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/venv.sh ""  # "" = runtime extra only (sourcing without it would pass on our own arguments)
+# ./run.sh --recommend: the recommendation recipe instead (two-tower + DLRM pipeline, docs/recommend.md#recipe).
+if [ "${1:-}" = "--recommend" ]; then
+  shift
+  exec python -m recserve.recommend.recipe "$@"
+fi
 exec python -m recserve.mainjob "$@"

@@ -36,6 +36,12 @@ TABLES: dict[str, list[str]] = {
         "train throughput publishing / not",
     ],
     "delta_overlay": ["overlay vs plain lookups", "overlay vs plain predict"],
+    "recommend": [
+        "recommend p99 ms at 100 rps",
+        "recommend capacity rps",
+        "ann recall@100",
+        "index build s",
+    ],
 }
 
 

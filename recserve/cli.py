@@ -1,4 +1,4 @@
-"""The ``recserve`` command line: ``export``, ``serve``, the client's ``query`` / ``loadgen``, ``main``."""
+"""The ``recserve`` command line: ``export``, ``pipeline``, ``serve``, ``query`` / ``loadgen``, ``main``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from recserve.client.cli import add_client_commands
 from recserve.errors import RecServeError
 from recserve.export.cli import add_export_command
 from recserve.mainjob.cli import add_main_command
+from recserve.recommend.cli import add_pipeline_command
 from recserve.server.operations.cli import add_serve_commands
 from recserve.server.operations.workers import one_line
 from rectrain.errors import RecTrainError
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default %(default)s)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_export_command(subparsers)
+    add_pipeline_command(subparsers)
     add_serve_commands(subparsers)
     add_client_commands(subparsers)
     add_main_command(subparsers)

@@ -206,8 +206,11 @@ def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
     verify_listed_files(package_dir, manifest.files)
 
 
-def verify_listed_files(directory: str | Path, files: dict[str, dict[str, Any]]) -> None:
-    """``verify_files`` for any directory whose ``manifest.json`` lists ``files`` (a package, a delta)."""
+def verify_listed_files(
+    directory: str | Path, files: dict[str, dict[str, Any]], folders: tuple[str, ...] = ()
+) -> None:
+    """``verify_files`` for any directory whose ``manifest.json`` lists ``files`` (a package, a delta);
+    ``folders``: sub-directories the caller verifies itself (a pipeline's stage packages)."""
     where = Path(directory) / MANIFEST_FILE
     if not files:
         raise PackageError(
@@ -217,7 +220,7 @@ def verify_listed_files(directory: str | Path, files: dict[str, dict[str, Any]])
         if name in ("", ".", "..", MANIFEST_FILE) or "/" in name or "\\" in name:
             raise PackageError(f"{where}: files[{name!r}]: not a file name inside the package")
     present = {p.name for p in Path(directory).iterdir() if p.name != MANIFEST_FILE}
-    unlisted = sorted(present - set(files))
+    unlisted = sorted(present - set(files) - {f for f in folders if (Path(directory) / f).is_dir()})
     if unlisted:
         raise PackageError(
             f"{Path(directory) / unlisted[0]}: not listed in {MANIFEST_FILE}, so it cannot be verified; "

@@ -59,10 +59,13 @@ class Echo:
     def ModelMetadata(self, request, context):
         return request
 
+    def Recommend(self, request, context):
+        return request
+
 
 def test_handlers_parse_valid_messages_and_turn_garbage_into_invalid_argument():
     handlers = method_handlers(pb2, "Predictor", Echo(), DecodeFailureLog())
-    assert set(handlers) == {"Predict", "ModelMetadata"}
+    assert set(handlers) == {"Predict", "ModelMetadata", "Recommend"}
     predict = handlers["Predict"]
     req = pb2.PredictRequest(batch_size=3, request_id="r")
     parsed = predict.request_deserializer(req.SerializeToString())

@@ -142,3 +142,30 @@ def test_tritonclient_and_recserve_client_in_one_process(packages):
             timeout=120,
         )
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_tritonclient_calls_a_recommendation_pipeline(tmp_path):
+    from recserve.recommend.pipeline import RecommendPipeline
+    from tests.recommend.fixtures import make_pipeline, user_batch
+
+    pipeline_dir = make_pipeline(tmp_path)
+    dense, kjt = user_batch([17], seed=17)
+    expected = RecommendPipeline.load(pipeline_dir).recommend(dense, kjt, k=6, exclude=[[1003]])[0]
+    with running_server(pipeline_dir) as server:
+        client = grpcclient.InferenceServerClient(target(server))
+        assert client.is_model_ready("recommend")
+        meta = client.get_model_metadata("recommend")
+        assert [o.name for o in meta.outputs] == ["item_ids", "scores"]
+        inputs = [grpcclient.InferInput("dense", list(dense.shape), "FP32")]
+        inputs[0].set_data_from_numpy(dense.numpy())
+        for name, data, dtype in (
+            ("user.lengths", kjt.lengths().numpy().astype(np.int32), "INT32"),
+            ("user.values", kjt.values().numpy(), "INT64"),
+            ("exclude_item_ids", np.array([1003], dtype=np.int64), "INT64"),
+        ):
+            inputs.append(grpcclient.InferInput(name, list(data.shape), dtype))
+            inputs[-1].set_data_from_numpy(data)
+        outputs = [grpcclient.InferRequestedOutput("item_ids"), grpcclient.InferRequestedOutput("scores")]
+        result = client.infer("recommend", inputs, outputs=outputs, parameters={"k": 6})
+        assert result.as_numpy("item_ids").tolist() == expected.item_ids.tolist()
+        np.testing.assert_allclose(result.as_numpy("scores"), expected.scores.numpy(), rtol=1e-6)

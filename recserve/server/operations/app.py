@@ -22,8 +22,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from recserve.errors import StartupError
+from recserve.recommend.manifest import is_pipeline
+from recserve.server.dataplane.arrays import FeatureArrays
 from recserve.server.dataplane.batcher import BatcherConfig
 from recserve.server.dataplane.core import InferenceCore
+from recserve.server.dataplane.recommend import RecommendService
 from recserve.server.dataplane.runner import ModelRunner
 from recserve.server.operations.admin import build_admin_server
 from recserve.server.operations.config import ServeConfig
@@ -36,6 +39,7 @@ from recserve.server.transports.admission import AdmissionLimit, QueueLag, priva
 from recserve.server.transports.budget import MemoryBudget
 from recserve.server.transports.handlers import DecodeFailureLog, add_service
 from recserve.server.transports.oip import InferenceServicer
+from recserve.server.transports.oip_recommend import PipelineModel
 from recserve.server.transports.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
 from recserve.server.transports.reads import ReadWatch, WatchedPool, fast_read_slots
 from recserve.server.transports.rest import RestApi, RestServer
@@ -75,6 +79,24 @@ def load_runner(
         runner.close()
         raise
     return runner
+
+
+def load_recommender(pipeline_dir: Path, metrics: ServerMetrics) -> RecommendService:
+    """Loads a pipeline package (every file verified) behind its own batcher, and warms it up."""
+    from recserve.recommend.pipeline import RecommendPipeline
+
+    service = RecommendService(RecommendPipeline.load(pipeline_dir), metrics)
+    plan = service.pipeline.plan
+    # Warm-up: one request of an all-zero user through every stage.
+    warm = FeatureArrays(
+        batch_size=1,
+        dense=torch.zeros(plan.user_dense),
+        keys=list(plan.user_features),
+        lengths=torch.ones(len(plan.user_features), dtype=torch.int32),
+        values=torch.zeros(len(plan.user_features), dtype=torch.int64),
+    )
+    service.recommend(service.check(warm))
+    return service
 
 
 def _server_credentials(cfg: ServeConfig) -> grpc.ServerCredentials:
@@ -118,6 +140,11 @@ class RecServer:
             flag = "--watch" if cfg.watch is not None else "--follow"
             raise StartupError(f"{flag} {versions}: no numbered version directory holds a manifest.json")
         check_version_dir(Path(package), versions)
+        # A pipeline package serves Recommend, and its ranking package serves Predict (docs/recommend.md).
+        self.recommender = None
+        if is_pipeline(package):
+            self.recommender = load_recommender(Path(package), self.metrics)
+            package = Path(package) / "ranking"
         bc = cfg.batcher_config()
         # --follow: every base loaded (this one, and each one after) first catches up on its deltas.
         self.follower = None
@@ -179,6 +206,7 @@ class RecServer:
                 device=cfg.device,
                 read_timeout_s=limits.read_timeout_s,
                 budget=self.budget,
+                recommender=self.recommender,
             )
             self._rest = RestServer(
                 api,
@@ -233,8 +261,9 @@ class RecServer:
             maximum_concurrent_rpcs=threads,
         )
         decode_log = DecodeFailureLog()
-        add_service(server, pb2, "Predictor", PredictorServicer(self.core), decode_log)
-        oip = InferenceServicer(self.core, self.repository, device=cfg.device)
+        add_service(server, pb2, "Predictor", PredictorServicer(self.core, self.recommender), decode_log)
+        pipeline = None if self.recommender is None else PipelineModel(self.recommender)
+        oip = InferenceServicer(self.core, self.repository, device=cfg.device, pipeline=pipeline)
         add_service(server, oip_pb2, "GRPCInferenceService", oip, decode_log)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (PREDICTOR_SERVICE, OIP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -334,6 +363,8 @@ class RecServer:
         for pool in (self._shed_pool, self._streaming_pool):
             pool.shutdown(wait=False)
         self.core.close()
+        if self.recommender is not None:
+            self.recommender.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         logger.info("drained and stopped (pid %d)", os.getpid())

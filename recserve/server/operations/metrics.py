@@ -105,8 +105,28 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        # Recommendation pipelines (recserve.server.dataplane.recommend): each stage's time per batch.
+        self.recommend_stage = Histogram(
+            "recserve_recommend_stage_seconds",
+            "Time of each pipeline stage (query, retrieval, ranking) per batch of Recommend requests",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.recommend_candidates = Histogram(
+            "recserve_recommend_candidates",
+            "Candidates ranked per Recommend request",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
         self._wall_time: float | None = None
         r.register(_Freshness(lambda: self._wall_time))
+
+    def recommend_batch_done(self, stage_seconds: dict[str, float], candidates: Sequence[int]) -> None:
+        for stage, seconds in stage_seconds.items():
+            self.recommend_stage.labels(stage).observe(seconds)
+        for count in candidates:
+            self.recommend_candidates.observe(count)
 
     # BatchObserver
     def queue_depth(self, requests: int) -> None:

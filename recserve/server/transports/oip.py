@@ -269,10 +269,19 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
     """The OIP v2 service: health, metadata and ModelInfer over :class:`InferenceCore`, plus Triton's model
     configuration, statistics and repository extensions (:mod:`recserve.server.transports.triton_ext`)."""
 
-    def __init__(self, core: InferenceCore, repository: Repository, *, device: str = "cpu") -> None:
+    def __init__(
+        self, core: InferenceCore, repository: Repository, *, device: str = "cpu", pipeline=None
+    ) -> None:
         self._core = core
         self._repository = repository
         self._device = device
+        # A recommendation pipeline served beside the model, under its own name
+        # (recserve.server.transports.oip_recommend.PipelineModel: metadata(), infer(request, context)).
+        self._pipeline_model = pipeline
+
+    def _pipeline(self, name: str):
+        model = self._pipeline_model
+        return model if model is not None and name and name == model.model_name else None
 
     def ServerLive(self, request, context):
         return oip_pb2.ServerLiveResponse(live=True)
@@ -282,6 +291,8 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ModelReady(self, request, context):
         named("name", request.name)
+        if self._pipeline(request.name) is not None:
+            return oip_pb2.ModelReadyResponse(ready=self._core.ready)
         try:
             self._core.find(request.name, request.version)
         except (ModelNotFoundError, UnavailableError):
@@ -294,6 +305,8 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     def ModelMetadata(self, request, context):
+        if self._pipeline(request.name) is not None:
+            return self._pipeline(request.name).metadata()
         s = self._core.find(named("name", request.name), request.version).schema
         resp = oip_pb2.ModelMetadataResponse(name=s.model_name, versions=[s.version], platform=PLATFORM)
         for name, dtype, shape in input_metadata(s):
@@ -302,6 +315,8 @@ class InferenceServicer(oip_pb2_grpc.GRPCInferenceServiceServicer):
         return resp
 
     def ModelInfer(self, request: oip_pb2.ModelInferRequest, context: grpc.ServicerContext):
+        if self._pipeline(request.model_name) is not None:
+            return self._pipeline(request.model_name).infer(request, context)
         received = time.monotonic()
         runner = self._core.find(named("model_name", request.model_name), request.model_version)
         arrays = decode_batchable(request, runner.schema, runner.oip_layout)

@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 import recserve
-from recserve.errors import InvalidRequestError, ModelNotFoundError, UnavailableError
+from recserve.errors import DeadlineExceededError, InvalidRequestError, ModelNotFoundError, UnavailableError
 from recserve.server.dataplane.core import InferenceCore
 from recserve.server.operations.config import HttpLimits
 from recserve.server.operations.metrics import ServerMetrics
@@ -94,8 +94,10 @@ class RestApi:
         device: str = "cpu",
         read_timeout_s: float = HttpLimits.read_timeout_s,
         budget: MemoryBudget | None = None,
+        recommender=None,
     ) -> None:
         self._core = core
+        self._recommender = recommender  # a RecommendService: its pipeline is a model of its own name
         self._repository = repository
         self._metrics = metrics
         self._admission = admission
@@ -202,6 +204,11 @@ class RestApi:
         return self._core.find(request.match_info["model"], request.match_info.get("version", ""))
 
     async def model_metadata(self, request: web.Request) -> web.Response:
+        if self._pipeline(request.match_info["model"]) is not None:
+            from recserve.server.transports.oip_recommend import pipeline_metadata
+
+            message = pipeline_metadata(self._pipeline(request.match_info["model"]))
+            return web.json_response(message_json(message))
         s = self._runner(request).schema
         inputs = [{"name": n, "datatype": d, "shape": shape} for n, d, shape in input_metadata(s)]
         outputs = [{"name": SCORES_OUTPUT, "datatype": "FP32", "shape": [-1]}]
@@ -258,9 +265,41 @@ class RestApi:
         # Loading reads and warms up a package: off the event loop, so inference goes on meanwhile.
         await asyncio.get_running_loop().run_in_executor(None, call, model, parameters, authorization)
 
+    def _pipeline(self, name: str):
+        service = self._recommender
+        return service if service is not None and name == service.model_name else None
+
+    async def _recommend(self, request: web.Request, service, received: float) -> web.Response:
+        """A request to the pipeline model (recserve.server.transports.oip_recommend), off the loop's thread
+        only for its batch."""
+        from recserve.server.transports.oip_recommend import decode_pipeline_request, pipeline_response
+
+        body = request.pop(_BODY)
+        request[_RESERVATION].resize(DECODE_FACTOR * len(body))
+        doc, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        del body
+        name, version = request.match_info["model"], request.match_info.get("version", "")
+        req = infer_request(doc, binary, name, version)
+        user, deadline = decode_pipeline_request(service, req, received, None)
+        future = service.submit(user, deadline)
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), wait)
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise DeadlineExceededError(
+                "the request's deadline passed while its batch was computed"
+            ) from None
+        except Exception:
+            pass  # result() raises it
+        body, headers = infer_response(pipeline_response(req, service.result(future)), wants_binary(req))
+        return web.Response(body=body, headers=headers)
+
     async def infer(self, request: web.Request) -> web.Response:
         received = time.monotonic()
         name, version = request.match_info["model"], request.match_info.get("version", "")
+        if self._pipeline(name) is not None:
+            return await self._recommend(request, self._pipeline(name), received)
         runner = self._core.find(name, version)
         body = request.pop(_BODY)
         # The body, the parsed JSON and the decoded tensors exist at once while the request is decoded.

@@ -169,6 +169,9 @@ def _set_parameters(where: str, target, params) -> None:
             raise InvalidRequestError(f"{where}[{key!r}]: expected a bool, integer, string or number")
 
 
+_OUTPUT_DTYPES = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4"}
+
+
 def infer_response(resp: oip_pb2.ModelInferResponse, binary: bool) -> tuple[bytes, dict[str, str]]:
     """A REST body (and its headers) for a gRPC ModelInferResponse whose outputs carry raw bytes."""
     outputs, tail = [], []
@@ -178,7 +181,7 @@ def infer_response(resp: oip_pb2.ModelInferResponse, binary: bool) -> tuple[byte
             entry["parameters"] = {"binary_data_size": len(raw)}
             tail.append(raw)
         else:
-            entry["data"] = np.frombuffer(raw, dtype="<f4").tolist()
+            entry["data"] = np.frombuffer(raw, dtype=_OUTPUT_DTYPES[out.datatype]).tolist()
         outputs.append(entry)
     doc = {"model_name": resp.model_name, "model_version": resp.model_version, "outputs": outputs}
     if resp.id:

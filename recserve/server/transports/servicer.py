@@ -6,9 +6,11 @@ import time
 
 import grpc
 
+from recserve.errors import UnavailableError
 from recserve.server.dataplane.arrays import FeatureArrays
 from recserve.server.dataplane.core import InferenceCore, InferenceResult
 from recserve.server.dataplane.parts import RequestParts, v1_parts
+from recserve.server.dataplane.recommend import RecommendResult, RecommendService
 from recserve.server.dataplane.validation import ModelSchema, check_request
 from recserve.server.transports.codec import decode_predict_request, set_scores
 from recserve.server.transports.protos import pb2, pb2_grpc
@@ -47,9 +49,56 @@ def predict_response(
     return resp
 
 
+def decode_recommend_request(request: pb2.RecommendRequest) -> FeatureArrays:
+    """The user's features as one example, decoded as a PredictRequest's (the same named errors)."""
+    as_predict = pb2.PredictRequest(request_id=request.request_id, batch_size=1)
+    as_predict.dense.CopyFrom(request.dense)
+    as_predict.sparse.CopyFrom(request.sparse)
+    return decode_predict_request(as_predict)
+
+
+def recommend_response(
+    request: pb2.RecommendRequest, result: RecommendResult, received: float
+) -> pb2.RecommendResponse:
+    rec = result.recommendation
+    resp = pb2.RecommendResponse(
+        request_id=request.request_id,
+        model_name=result.model_name,
+        model_version=result.model_version,
+        item_ids=rec.item_ids.tolist(),
+        scores=rec.scores.tolist(),
+        candidates=rec.candidates,
+    )
+    t = resp.timings
+    t.queue_seconds = result.queue_seconds
+    t.inference_seconds = result.inference_seconds
+    t.executed_batch_size = result.executed_batch_size
+    t.server_seconds = time.monotonic() - received
+    return resp
+
+
 class PredictorServicer(pb2_grpc.PredictorServicer):
-    def __init__(self, core: InferenceCore) -> None:
+    def __init__(self, core: InferenceCore, recommender: RecommendService | None = None) -> None:
         self._core = core
+        self._recommender = recommender
+
+    def Recommend(
+        self, request: pb2.RecommendRequest, context: grpc.ServicerContext
+    ) -> pb2.RecommendResponse:
+        received = time.monotonic()
+        if self._recommender is None:
+            raise UnavailableError(
+                "Recommend: this server serves no recommendation pipeline (see docs/recommend.md)"
+            )
+        user = self._recommender.check(
+            decode_recommend_request(request),
+            k=request.k,
+            num_candidates=request.num_candidates,
+            exclude=list(request.exclude_item_ids),
+            model_name=request.model_name,
+        )
+        result = self._recommender.recommend(user, request_deadline(context, received), received)
+        return recommend_response(request, result, received)
 
     def Predict(self, request: pb2.PredictRequest, context: grpc.ServicerContext) -> pb2.PredictResponse:
         received = time.monotonic()

@@ -1,0 +1,223 @@
+"""Recommend served: a two-tower + DLRM pipeline over an item catalogue, its index, latency and capacity.
+
+Builds (seeded random weights) a two-tower package (users x 64 and items x 64 tables, towers ending in 64
+dims) and a DLRM ranking package (user, item and genre features; user dense + one item dense column),
+writes a generated catalogue of ``--items`` items, exports the pipeline (the index chosen by size, its
+recall@100 measured against exact search on 256 sampled queries), then starts ``recserve serve <pipeline>``
+with ``--workers`` processes and calls ``Recommend`` over gRPC (N = ``--candidates`` ranked, K = ``--k``):
+
+1. closed loop: ``--concurrency`` callers, each sending its next request when the last returns: capacity;
+2. open loop: Poisson arrivals at ``--rate`` requests/s, latency from each request's scheduled arrival.
+
+    .venv/bin/python bench/recommend.py [--items 1000000] [--candidates 1000] [--k 100] [--workers 2]
+        [--rate 100] [--duration 10] [--concurrency 8] [--index-only]
+
+``--index-only`` builds the index over ``--items`` synthetic clustered 64-dim embeddings and stops (the
+index build figure alone). Objective (issue 47, 1M items, quiet machine): p99 <= 30 ms at 100 rps,
+capacity >= 300 rps, ann recall@100 >= 0.95, index build <= 120 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import torch
+from machine import print_machine
+from serve_throughput import free_port, wait_serving
+
+from recserve.export import export_package
+from recserve.recommend.export import export_pipeline
+from recserve.recommend.index import build_index
+from recserve.recommend.manifest import Limits
+from recserve.server.dataplane.arrays import encode_raw
+from recserve.server.transports.protos import pb2, pb2_grpc
+from rectrain import EmbeddingBagConfig
+from rectrain.models import build_model
+from rectrain.models.config import ModelConfig
+
+USERS, GENRES, DIM, USER_DENSE = 100_000, 100, 64, 4
+
+
+def _export(out: Path, cfg: ModelConfig, name: str, seed: int) -> Path:
+    torch.manual_seed(seed)
+    state = build_model(cfg).state_dict()
+    return export_package(out, model_config=cfg, state_dict=state, model_name=name, force=True)
+
+
+def build_pipeline(root: Path, items: int, limits: Limits) -> Path:
+    tower = ModelConfig(
+        kind="two_tower",
+        tables=[
+            EmbeddingBagConfig(
+                name="user_t", num_embeddings=USERS, embedding_dim=DIM, feature_names=["user"]
+            ),
+            EmbeddingBagConfig(
+                name="item_t", num_embeddings=items, embedding_dim=DIM, feature_names=["item"]
+            ),
+        ],
+        dense_in_features=0,
+        tower_layer_sizes=[128, DIM],
+    )
+    ranking = ModelConfig(
+        kind="dlrm",
+        tables=[
+            EmbeddingBagConfig(name="r_user", num_embeddings=USERS, embedding_dim=32, feature_names=["user"]),
+            EmbeddingBagConfig(name="r_item", num_embeddings=items, embedding_dim=32, feature_names=["item"]),
+            EmbeddingBagConfig(
+                name="genre_t", num_embeddings=GENRES, embedding_dim=32, feature_names=["genre"]
+            ),
+        ],
+        dense_in_features=USER_DENSE + 1,
+        dense_arch_layer_sizes=[64, 32],
+        over_arch_layer_sizes=[64, 1],
+    )
+    retrieval = _export(root / "tt", tower, "towers", 1)
+    rank = _export(root / "rank", ranking, "ranker", 2)
+    catalogue = root / "items.tsv"
+    rng = random.Random(0)
+    with catalogue.open("w") as f:
+        f.write("item_id\titem\tgenre\tdense:popularity\n")
+        for i in range(items):
+            genres = f"{rng.randrange(GENRES)},{rng.randrange(GENRES)}"
+            f.write(f"{10_000_000 + i}\t{i}\t{genres}\t{rng.random():.4f}\n")
+    return export_pipeline(
+        root / "pipe", retrieval=retrieval, ranking=rank, catalogue=catalogue, limits=limits
+    )
+
+
+def request_for(user: int, args: argparse.Namespace) -> pb2.RecommendRequest:
+    req = pb2.RecommendRequest(k=args.k, num_candidates=args.candidates)
+    req.dense.raw = encode_raw(torch.randn(1, USER_DENSE), "float32")
+    req.sparse.keys.append("user")
+    req.sparse.lengths_raw = encode_raw(torch.ones(1), "int32")
+    req.sparse.values_raw = encode_raw(torch.tensor([user]), "int64")
+    return req
+
+
+def closed_loop(stub, args: argparse.Namespace) -> float:
+    """Requests/s with ``--concurrency`` callers for ``--duration`` s (after 2 s of warm-up)."""
+    requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
+    done, stop, start = [0], threading.Event(), [0.0]
+
+    def caller(seed: int) -> None:
+        i = seed
+        while not stop.is_set():
+            stub.Recommend(requests[i % len(requests)], timeout=30)
+            i += args.concurrency
+            if start[0]:
+                done[0] += 1
+
+    threads = [threading.Thread(target=caller, args=(c,), daemon=True) for c in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    start[0] = time.perf_counter()
+    time.sleep(args.duration)
+    count, elapsed = done[0], time.perf_counter() - start[0]
+    stop.set()
+    for t in threads:
+        t.join()
+    return count / elapsed
+
+
+def open_loop(stub, args: argparse.Namespace) -> list[float]:
+    """Latencies (s) of Poisson arrivals at ``--rate``, each from its scheduled arrival."""
+    requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
+    rng = np.random.default_rng(0)
+    gaps = rng.exponential(1.0 / args.rate, int(args.rate * args.duration))
+    latencies: list[float] = []
+    futures = []
+    begin = time.perf_counter() + 0.1
+    at = begin
+    for i, gap in enumerate(gaps):
+        at += gap
+        delay = at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        future = stub.Recommend.future(requests[i % len(requests)], timeout=30)
+        scheduled = at
+        future.add_done_callback(lambda f, s=scheduled: latencies.append(time.perf_counter() - s))
+        futures.append(future)
+    for f in futures:
+        f.result()
+    return latencies
+
+
+def start_server(pipeline: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(pipeline), "--port", str(port)]
+    cmd += ["--metrics-port", "-1", "--admin-port", "-1", "--workers", str(args.workers)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return wait_serving(subprocess.Popen(cmd, env=env), port, timeout_s=900)  # verifies every file first
+
+
+def index_only(args: argparse.Namespace) -> None:
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(1000, DIM, generator=g)
+    embeddings = centres[torch.randint(0, 1000, (args.items,), generator=g)] + 0.5 * torch.randn(
+        args.items, DIM, generator=g
+    )
+    queries = torch.randn(256, DIM, generator=g)
+    _, choice = build_index(embeddings, queries, recall_at=100)
+    print(f"index {choice.type} {json.dumps(choice.params)} over {args.items} items")
+    print(f"ann recall@100 {choice.recall:.4f}")
+    print(f"index build s {choice.build_seconds:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--candidates", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--index-only", action="store_true")
+    args = parser.parse_args()
+    print_machine()
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
+    if args.index_only:
+        index_only(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-recommend-") as tmp:
+        started = time.perf_counter()
+        limits = Limits(
+            num_candidates=args.candidates, max_candidates=max(4000, args.candidates), top_k=args.k
+        )
+        pipeline = build_pipeline(Path(tmp), args.items, limits)
+        manifest = json.loads((pipeline / "manifest.json").read_text())
+        index = manifest["index"]
+        print(f"pipeline export s {time.perf_counter() - started:.1f}")
+        print(f"index {index['type']} {json.dumps(index['params'])} over {args.items} items")
+        port = free_port()
+        proc = start_server(pipeline, port, args)
+        try:
+            stub = pb2_grpc.PredictorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+            capacity = closed_loop(stub, args)
+            latencies = np.array(open_loop(stub, args)) * 1e3
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    print(f"items {args.items}")
+    print(f"candidates per request {args.candidates}")
+    print(f"recommend p50 ms at {args.rate:g} rps {np.percentile(latencies, 50):.2f}")
+    print(f"recommend capacity rps {capacity:.1f}")
+    print(f"ann recall@100 {index['recall']['value']:.4f}")
+    print(f"index build s {index['build_seconds']:.2f}")
+    print(f"recommend p99 ms at {args.rate:g} rps {np.percentile(latencies, 99):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""Recommendation pipelines: two-tower retrieval over an ANN index, filter, ranking, top-k.
+
+See docs/recommend.md.
+"""

@@ -1,0 +1,145 @@
+"""The approximate nearest-neighbour index over the item embeddings (faiss, inner product).
+
+Chosen by catalogue size: exact search (``IndexFlatIP``) up to ``FLAT_MAX_ITEMS`` items, else an inverted file
+(``IndexIVFFlat``, ``nlist`` about 4 sqrt(items)) whose ``nprobe`` is the smallest power of two that reaches
+the target recall against exact search on sampled queries. The index file is faiss's own serialisation
+(``write_index``; no pickle), verified by sha256 before it is read, and read with ``IO_FLAG_MMAP_IFC`` so
+that its vectors stay in the page cache, one copy for every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from recserve.errors import ExportError, PackageError
+
+logger = logging.getLogger(__name__)
+
+FLAT_MAX_ITEMS = 50_000
+INDEX_TYPES = ("auto", "flat", "ivf")
+_ADD_ROWS = 65_536  # embeddings added to the index at once
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+@dataclass
+class IndexChoice:
+    """What was built and how well it does: recorded as the pipeline manifest's ``index``."""
+
+    type: str
+    params: dict[str, Any]
+    recall: float
+    recall_at: int
+    recall_queries: int
+    build_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "metric": "inner_product",
+            "params": self.params,
+            "recall": {"at": self.recall_at, "queries": self.recall_queries, "value": self.recall},
+            "build_seconds": self.build_seconds,
+        }
+
+
+def recall(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over queries of |found ∩ exact| / |exact| (rows of item positions; -1 marks no item)."""
+    hits = total = 0
+    for f, e in zip(found, exact):
+        e = e[e >= 0]
+        hits += len(np.intersect1d(f[f >= 0], e))
+        total += len(e)
+    return hits / total if total else 1.0
+
+
+def _add(index, embeddings: Tensor) -> None:
+    for start in range(0, embeddings.shape[0], _ADD_ROWS):
+        index.add(np.ascontiguousarray(embeddings[start : start + _ADD_ROWS].numpy(), dtype=np.float32))
+
+
+def build_index(
+    embeddings: Tensor,
+    queries: Tensor,
+    *,
+    kind: str = "auto",
+    recall_at: int = 100,
+    target_recall: float = 0.95,
+    seed: int = 0,
+):
+    """``(faiss index, IndexChoice)`` over ``embeddings [M, L]`` (a mapped tensor is read a block at a time);
+    ``queries [Q, L]`` measure its recall@``recall_at`` against exact search."""
+    faiss = _faiss()
+    if kind not in INDEX_TYPES:
+        raise ExportError(f"index: expected one of {list(INDEX_TYPES)}, got {kind!r}")
+    started = time.perf_counter()
+    items, dim = embeddings.shape
+    k = min(recall_at, items)
+    exact = faiss.IndexFlatIP(dim)
+    _add(exact, embeddings)
+    q = np.ascontiguousarray(queries.numpy(), dtype=np.float32)
+    if kind == "flat" or (kind == "auto" and items <= FLAT_MAX_ITEMS):
+        elapsed = time.perf_counter() - started
+        return exact, IndexChoice("flat", {}, 1.0, k, len(q), elapsed)
+    nlist = max(1, min(items // 39, int(4 * math.sqrt(items))))  # faiss wants >= 39 training points a list
+    train_rows = min(items, 64 * nlist)
+    picked = np.sort(np.random.default_rng(seed).choice(items, train_rows, replace=False))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = seed
+    index.train(np.ascontiguousarray(embeddings[torch.from_numpy(picked)].numpy(), dtype=np.float32))
+    _add(index, embeddings)
+    _, truth = exact.search(q, k)
+    del exact
+    nprobe, measured = 1, 0.0
+    while True:
+        index.nprobe = nprobe
+        measured = recall(index.search(q, k)[1], truth)
+        if measured >= target_recall or nprobe >= nlist:
+            break
+        nprobe = min(nlist, nprobe * 2)
+    elapsed = time.perf_counter() - started
+    params = {"nlist": nlist, "nprobe": nprobe, "train_rows": train_rows}
+    logger.info("IVF index over %d items: %s, recall@%d %.4f, %.1f s", items, params, k, measured, elapsed)
+    return index, IndexChoice("ivf", params, measured, k, len(q), elapsed)
+
+
+def write_index(index, path: Path) -> None:
+    _faiss().write_index(index, str(path))
+
+
+def read_index(path: Path, entry: dict[str, Any]):
+    """The index at ``path`` (already verified by sha256), mapped read-only, with its search parameters."""
+    faiss = _faiss()
+    try:
+        index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError as error:
+        raise PackageError(f"{path}: not a faiss index ({str(error).splitlines()[0][:200]})") from None
+    kind = entry.get("type")
+    if kind == "ivf":
+        if not isinstance(index, faiss.IndexIVF):
+            raise PackageError(f"{path}: manifest index.type 'ivf', the file holds {type(index).__name__}")
+        index.nprobe = int(entry["params"]["nprobe"])
+    elif kind != "flat" or not isinstance(index, faiss.IndexFlat):
+        raise PackageError(
+            f"{path}: manifest index.type {kind!r} does not fit the file's {type(index).__name__}"
+        )
+    return index
+
+
+def search(index, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``(scores [B, n] float32, positions [B, n] int64)``; a position of -1 marks no item."""
+    scores, positions = index.search(np.ascontiguousarray(queries.numpy(), dtype=np.float32), n)
+    return torch.from_numpy(scores), torch.from_numpy(positions)

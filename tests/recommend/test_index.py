@@ -1,0 +1,34 @@
+"""The ANN index: chosen by size, its nprobe tuned to the target recall, read back mapped."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recserve.recommend.index import build_index, read_index, recall, search, write_index
+
+
+def test_ivf_reaches_the_target_recall_and_reads_back_mapped(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(50, 16, generator=g)
+    embeddings = centres[torch.randint(0, 50, (6000,), generator=g)] + 0.3 * torch.randn(
+        6000, 16, generator=g
+    )
+    queries = torch.randn(64, 16, generator=g)
+    index, choice = build_index(embeddings, queries, kind="ivf", recall_at=20, target_recall=0.95)
+    assert (
+        choice.type == "ivf" and choice.recall >= 0.95 and choice.params["nprobe"] <= choice.params["nlist"]
+    )
+    write_index(index, tmp_path / "index.faiss")
+    mapped = read_index(tmp_path / "index.faiss", choice.to_dict())
+    exact = torch.topk(queries @ embeddings.T, 20).indices.numpy()
+    found = search(mapped, queries, 20)[1].numpy()
+    assert recall(found, exact) == choice.recall
+
+
+def test_small_catalogues_search_exactly():
+    embeddings = torch.randn(500, 8)
+    index, choice = build_index(embeddings, torch.randn(4, 8), recall_at=10)
+    assert choice.type == "flat"
+    assert recall(np.array([[1, 2, -1]]), np.array([[2, 1, 3]])) == 2 / 3
+    assert index.ntotal == 500
