@@ -157,7 +157,7 @@ def main() -> None:
         port, http_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
         cmd += ["--http-port", str(http_port), "--metrics-port", "-1", "--admin-port", "-1"]
-        server = wait_serving(subprocess.Popen(cmd), port)
+        server = wait_serving(subprocess.Popen(cmd), port, timeout_s=600)
         try:
             pids = workers_of(server)
             print(f"workers {pids}: resident/peak {memory(pids)} at start")
