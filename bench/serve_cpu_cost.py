@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-batch-size", type=int, default=512)
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="sample one worker with py-spy (a dev tool, not a dependency) over the window, into this file",
+    )
     args = ap.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory(prefix="recserve-cpu-cost-") as tmp:
@@ -95,10 +100,19 @@ def main() -> None:
             run_loadgen(cfg, requests)  # warm-up: every worker's threads and batch shapes
             target = f"127.0.0.1:{port}"
             cfg = LoadgenConfig(target, args.concurrency, args.duration, args.batch, warmup_s=0.0)
+            spy = None
+            if args.profile:  # --nonblocking: the worker is never paused, so its CPU cost stays its own
+                spy = subprocess.Popen(
+                    ["py-spy", "record", "--pid", str(pids[-1]), "--duration", str(int(args.duration)),
+                     "--rate", "100", "--nonblocking", "--format", "raw", "-o", args.profile],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
             before, client_before, wall = sum(map(process_cpu_s, pids)), own_cpu_s(True), time.monotonic()
             result = run_loadgen(cfg, requests)
             served_cpu = sum(map(process_cpu_s, pids)) - before
             client_cpu, wall = own_cpu_s(True) - client_before, time.monotonic() - wall
+            if spy is not None:
+                spy.wait(60)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
