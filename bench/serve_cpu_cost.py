@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from machine import print_machine
-from serve_throughput import DENSE, E, L, T, export_standard, free_port, start_server
+from serve_throughput import DENSE, E, L, T, export_standard, free_port, server_command, wait_serving
 
 from recserve.client.loadgen import LoadgenConfig, requests_for, run_loadgen
 from recserve.runtime import Predictor
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-batch-size", type=int, default=512)
     ap.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    ap.add_argument("--package", default="", help="a standard package to reuse (default: export one)")
     ap.add_argument(
         "--profile",
         default="",
@@ -89,10 +90,11 @@ def main() -> None:
     args = ap.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory(prefix="recserve-cpu-cost-") as tmp:
-        package = export_standard(Path(tmp) / "pkg")
+        package = Path(args.package) if args.package else export_standard(Path(tmp) / "pkg")
         inproc = {b: in_process_cpu_s_per_1k(package, b) for b in (512, args.batch)}
         port = free_port()
-        server = start_server(package, port, args)
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        server = wait_serving(subprocess.Popen(server_command(package, port, args), env=env), port, 900)
         try:
             pids = server_pids(server)
             cfg = LoadgenConfig(f"127.0.0.1:{port}", args.concurrency, 3.0, args.batch, warmup_s=1.0)
