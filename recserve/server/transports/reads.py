@@ -15,6 +15,12 @@ handler starts (for a request stream: until the first message), which :func:`mes
   ``--max-message-mb``, at least 8), held until the message is complete or for :data:`FAST_READ_SECONDS`,
   whichever comes first. So at most that many large messages stream into memory at full speed at once; a
   slower sender (a trickling stream, a slow link) holds a thread but no slot.
+- **Read memory.** A slot only bounds fast senders; a message arriving more slowly still grows in gRPC core
+  unseen. So the watch samples the worker's anonymous resident memory every tick
+  (:class:`~recserve.server.transports.budget.ProcessMemory`): a read starts only while that growth plus a
+  whole message for each read holding a slot is under :func:`read_memory_limit`, and past the limit the
+  oldest reads still arriving are ended RESOURCE_EXHAUSTED, enough to free the excess. A held stream holds a
+  few bytes: it costs nothing here until memory is short.
 - **Streaming pools** (``clock_from_submit``): their calls may last for ever, so the pool is small, a call
   queues for a thread, and its read clock runs from the moment it was queued: one whose first message has
   not come within the deadline ends, queued or not.
