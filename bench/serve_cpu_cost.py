@@ -56,9 +56,11 @@ def own_cpu_s(children: bool = False) -> float:
     return total
 
 
-def in_process_cpu_s_per_1k(package: Path, batch: int, examples: int = 60_000) -> float:
+def in_process_cpu_s_per_1k(package: Path, batch: int, workers: int, examples: int = 30_000) -> float:
     """CPU seconds of this process per 1,000 examples of ``Predictor.predict`` at ``batch``."""
     predictor = Predictor.load(package, device="cpu")
+    # One worker's intra-op threads (the server's default): more would add OpenMP's spin-waiting to the cost.
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 2 * L, (T * batch,), generator=g)
     values = torch.randint(0, E, (int(lengths.sum()),), generator=g)
@@ -91,7 +93,7 @@ def main() -> None:
     print_machine()
     with tempfile.TemporaryDirectory(prefix="recserve-cpu-cost-") as tmp:
         package = Path(args.package) if args.package else export_standard(Path(tmp) / "pkg")
-        inproc = {b: in_process_cpu_s_per_1k(package, b) for b in (512, args.batch)}
+        inproc = {b: in_process_cpu_s_per_1k(package, b, args.workers) for b in (512, args.batch)}
         port = free_port()
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         server = wait_serving(subprocess.Popen(server_command(package, port, args), env=env), port, 900)
@@ -100,6 +102,10 @@ def main() -> None:
             cfg = LoadgenConfig(f"127.0.0.1:{port}", args.concurrency, 3.0, args.batch, warmup_s=1.0)
             requests = requests_for(cfg)
             run_loadgen(cfg, requests)  # warm-up: every worker's threads and batch shapes
+            # The server's CPU at rest (watch ticks, probes), taken out of the load generator's start-up.
+            idle, idle_s = sum(map(process_cpu_s, pids)), 3.0
+            time.sleep(idle_s)
+            idle_rate = (sum(map(process_cpu_s, pids)) - idle) / idle_s
             target = f"127.0.0.1:{port}"
             cfg = LoadgenConfig(target, args.concurrency, args.duration, args.batch, warmup_s=0.0)
             spy = None
@@ -113,6 +119,7 @@ def main() -> None:
             result = run_loadgen(cfg, requests)
             served_cpu = sum(map(process_cpu_s, pids)) - before
             client_cpu, wall = own_cpu_s(True) - client_before, time.monotonic() - wall
+            served_cpu -= idle_rate * max(0.0, wall - result.seconds)
             if spy is not None:
                 spy.wait(60)
         finally:
@@ -122,6 +129,7 @@ def main() -> None:
     served = served_cpu / examples * 1000
     print(f"closed loop: {result.summary()}")
     print(f"server workers {args.workers}, {args.concurrency} callers x {args.batch} examples, {wall:.1f} s")
+    print(f"server CPU at rest, CPU-s per s: {idle_rate:.3f}")
     print(f"in-process predict CPU-s per 1k examples, batch 512: {inproc[512]:.4f}")
     print(f"in-process predict CPU-s per 1k examples, batch {args.batch}: {inproc[args.batch]:.4f}")
     print(f"server CPU-s per 1k examples served: {served:.4f}")
