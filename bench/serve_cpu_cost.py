@@ -135,7 +135,7 @@ def main() -> None:
     print(f"server CPU-s per 1k examples served: {served:.4f}")
     client = client_cpu / examples * 1000
     print(f"load generator CPU-s per 1k examples (same machine, not counted): {client:.4f}")
-    print(f"server CPU share in the predictor (batch 512 cost / served cost): {inproc[512] / served:.3f}")
+    print(f"served vs in-process by CPU cost (batch 512 cost / served cost): {inproc[512] / served:.3f}")
 
 
 if __name__ == "__main__":
