@@ -128,14 +128,13 @@ def main() -> None:
     examples = result.requests * args.batch
     served = served_cpu / examples * 1000
     print(f"closed loop: {result.summary()}")
-    print(f"server workers {args.workers}, {args.concurrency} callers x {args.batch} examples, {wall:.1f} s")
-    print(f"server CPU at rest, CPU-s per s: {idle_rate:.3f}")
-    print(f"in-process predict CPU-s per 1k examples, batch 512: {inproc[512]:.4f}")
-    print(f"in-process predict CPU-s per 1k examples, batch {args.batch}: {inproc[args.batch]:.4f}")
-    print(f"server CPU-s per 1k examples served: {served:.4f}")
-    client = client_cpu / examples * 1000
-    print(f"load generator CPU-s per 1k examples (same machine, not counted): {client:.4f}")
-    print(f"served vs in-process by CPU cost (batch 512 cost / served cost): {inproc[512] / served:.3f}")
+    print(f"server: {args.workers} workers, {args.concurrency} callers x {args.batch} examples, {wall:.1f} s")
+    print(f"server CPU-s per s at rest {idle_rate:.4f}")
+    print(f"in-process CPU-s per 1k examples at batch 512 {inproc[512]:.4f}")
+    print(f"in-process CPU-s per 1k examples at batch {args.batch} {inproc[args.batch]:.4f}")
+    print(f"server CPU-s per 1k examples served {served:.4f}")
+    print(f"load generator CPU-s per 1k examples (not counted) {client_cpu / examples * 1000:.4f}")
+    print(f"served vs in-process by CPU cost {inproc[512] / served:.3f}")
 
 
 if __name__ == "__main__":
