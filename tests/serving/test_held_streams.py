@@ -132,6 +132,7 @@ def _reset_peak(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a server process of its own (its memory is measured apart from the clients'), ~15 s
 def test_concurrent_large_messages_raise_a_workers_memory_by_its_budget_plus_a_constant(package):
     """24 clients looping 15 MiB messages at one worker (16 MiB limit, 32 MiB request memory): gRPC core would
     assemble every message at once (+360 MiB and more); the read watch ends the reads that take the worker's
