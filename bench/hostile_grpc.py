@@ -14,7 +14,7 @@ port, and runs, one after the other:
 It prints the normal client's answered and failed calls, what the attack saw, and each worker's resident and
 peak resident memory (VmRSS, VmHWM) before and after each phase beside the worker's request budget.
 
-    .venv/bin/python bench/hostile_grpc.py [--hold 60] [--flood 15]
+    .venv/bin/python bench/hostile_grpc.py [--hold 60] [--flood 15] [--clients 64] [--phases held,gzip,flood]
 """
 
 from __future__ import annotations
@@ -137,17 +137,19 @@ def gzip_messages(port: int) -> None:
     print(f"24 gzip messages of {len(bomb) / 1e3:.0f} KB inflating to 60 MiB: {codes}")
 
 
-def max_size_flood(port: int, seconds: float) -> None:
+def max_size_flood(port: int, seconds: float, clients: int) -> None:
     small = requests(port, 64, 1)[0]
     request = requests(port, 64 * (62 << 20) // len(small), 1)[0]  # just under the 64 MiB limit
-    codes = senders(port, request, 64, until=time.monotonic() + seconds)
-    print(f"64 clients looping {len(request) / 2**20:.0f} MiB requests for {seconds:.0f} s: {codes}")
+    codes = senders(port, request, clients, until=time.monotonic() + seconds)
+    print(f"{clients} clients looping {len(request) / 2**20:.0f} MiB requests for {seconds:.0f} s: {codes}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hold", type=float, default=60.0, help="seconds of held streams")
     ap.add_argument("--flood", type=float, default=15.0, help="seconds of max-size requests")
+    ap.add_argument("--clients", type=int, default=64, help="clients looping max-size requests")
+    ap.add_argument("--phases", default="held,gzip,flood", help="which attacks to run, in this order")
     args = ap.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory(prefix="recserve-hostile-") as tmp:
@@ -155,16 +157,18 @@ def main() -> None:
         port, http_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
         cmd += ["--http-port", str(http_port), "--metrics-port", "-1", "--admin-port", "-1"]
-        server = wait_serving(subprocess.Popen(cmd), port)
+        server = wait_serving(subprocess.Popen(cmd), port, timeout_s=600)
         try:
             pids = workers_of(server)
             print(f"workers {pids}: resident/peak {memory(pids)} at start")
-            held_streams(port, http_port, args.hold)
-            print(f"  resident/peak after: {memory(pids)}")
-            gzip_messages(port)
-            print(f"  resident/peak after: {memory(pids)}")
-            max_size_flood(port, args.flood)
-            print(f"  resident/peak after: {memory(pids)}")
+            phases = {
+                "held": lambda: held_streams(port, http_port, args.hold),
+                "gzip": lambda: gzip_messages(port),
+                "flood": lambda: max_size_flood(port, args.flood, args.clients),
+            }
+            for name in args.phases.split(","):
+                phases[name]()
+                print(f"  resident/peak after: {memory(pids)}")
         finally:
             server.terminate()
             server.wait(60)

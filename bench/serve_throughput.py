@@ -97,7 +97,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+def server_command(package: Path, port: int, args: argparse.Namespace) -> list[str]:
+    """The ``recserve serve`` command line of the bench's server."""
     cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
     cmd += [
         "--metrics-port",
@@ -112,6 +113,11 @@ def start_server(package: Path, port: int, args: argparse.Namespace) -> subproce
     cmd += ["--max-queue-delay-ms", str(args.max_queue_delay_ms), "--admin-port", "-1"]
     if not getattr(args, "pin_workers", True):
         cmd.append("--no-pin-workers")
+    return cmd
+
+
+def start_server(package: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+    cmd = server_command(package, port, args)
     return wait_serving(subprocess.Popen(cmd, env=dict(os.environ, PYTHONWARNINGS="ignore")), port)
 
 

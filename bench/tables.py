@@ -23,6 +23,7 @@ TABLES: dict[str, list[str]] = {
     "embedding_bag": ["rectrain ebc (auto kernel) fwd+bwd vs raw fbgemm", "auto vs the faster forced kernel"],
     "serve_vs_triton": ["capacity vs triton", "p99 at half load vs triton", "served vs in-process"],
     "serve_throughput": ["recserve served examples/s", "served vs in-process"],
+    "serve_cpu_cost": ["served vs in-process by CPU cost", "server CPU-s per 1k examples served"],
     "memory_scale": [],
     "compute_bound": ["compute bound examples/s"],
     "checkpoint_io": [],

@@ -2,6 +2,7 @@
 messages, against a real server on loopback, with a normal client beside the attack measuring its effect."""
 
 import gzip
+import threading
 import time
 
 import grpc
@@ -9,10 +10,12 @@ import pytest
 
 from recserve.client import PredictorClient
 from recserve.server.transports.codec import encode_predict_request, scores_of
+from recserve.server.transports.reads import GROWTH_CONSTANT, READ_MEMORY_SLACK
 from recserve.v1 import predictor_pb2_grpc
 
-from .conftest import random_batch, request_counts, running_server, target
-from .hostile import HeldStreams
+from .conftest import free_port, random_batch, request_counts, running_server, target
+from .hostile import HeldStreams, vm_kib
+from .test_processes import start_serve, wait_serving
 
 PREDICT_PATH = "/recserve.v1.Predictor/Predict"
 REFLECTION_PATH = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
@@ -117,3 +120,76 @@ def test_requests_reserve_from_the_memory_budget_before_they_are_parsed(package)
         PredictorClient(target(server)).predict(*random_batch(4), timeout=5)  # small requests still fit
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--request-memory-mb" in error.details()
+
+
+def _reset_peak(pid: int) -> bool:
+    """Resets ``pid``'s VmHWM to its current resident memory (Linux's clear_refs 5); False if not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # a server process of its own (its memory is measured apart from the clients'), ~15 s
+def test_concurrent_large_messages_raise_a_workers_memory_by_its_budget_plus_a_constant(package):
+    """24 clients looping 15 MiB messages at one worker (16 MiB limit, 32 MiB request memory): gRPC core would
+    assemble every message at once (+360 MiB and more); the read watch ends the reads that take the worker's
+    memory past its limit, so its peak stays within the request memory, the watch's slack, one message more
+    and a constant, while a normal client beside the flood still gets answers."""
+    budget, message = 32 << 20, 16 << 20
+    args = ["--package", str(package), "--port", str(port := free_port()), "--workers", "1"]
+    args += ["--max-message-mb", "16", "--request-memory-mb", "32", "--metrics-port", "-1"]
+    # Queue-lag shedding off: on a loaded test machine it would refuse the normal client for the flood's lag.
+    args += ["--max-queue-lag-ms", "0"]
+    proc = start_serve(*args)
+    try:
+        wait_serving(PredictorClient(f"127.0.0.1:{port}"), proc)
+        time.sleep(0.5)  # the watch's baseline: the worker at rest
+        if not _reset_peak(proc.pid):
+            pytest.skip("this kernel does not let the test reset a process's peak resident memory")
+        start = vm_kib(proc.pid, "VmRSS") << 10
+        payload = b"\x0a" * (15 << 20)
+        stop = threading.Event()
+        codes: dict[str, int] = {}
+
+        def flood() -> None:
+            opts = [("grpc.max_send_message_length", -1)]
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as channel:
+                call = channel.unary_unary(PREDICT_PATH)
+                while not stop.is_set():
+                    try:
+                        call(payload, timeout=10)
+                        code = "OK"
+                    except grpc.RpcError as exc:
+                        code = exc.code().name
+                    codes[code] = codes.get(code, 0) + 1
+
+        clients = [threading.Thread(target=flood) for _ in range(24)]
+        for t in clients:
+            t.start()
+        try:
+            time.sleep(1.0)
+            client = PredictorClient(f"127.0.0.1:{port}")
+            answered = 0
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                try:
+                    client.predict(*random_batch(4), timeout=5)
+                    answered += 1
+                except grpc.RpcError as exc:  # refused while the flood holds the memory: retried
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join()
+        growth = (vm_kib(proc.pid, "VmHWM") << 10) - start
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert answered > 0
+    assert sum(codes.values()) > 24  # the flood kept coming
+    assert codes.get("RESOURCE_EXHAUSTED", 0) > 0  # ended reads and refused messages
+    assert growth <= budget + READ_MEMORY_SLACK + message + GROWTH_CONSTANT, f"+{growth / 2**20:.0f} MiB"

@@ -36,12 +36,12 @@ from recserve.server.operations.metrics import ServerMetrics, start_metrics_http
 from recserve.server.operations.ports import bind_grpc, bind_with
 from recserve.server.operations.reload import Reloader, check_version_dir, newest_version_dir
 from recserve.server.transports.admission import AdmissionLimit, QueueLag, private_socket
-from recserve.server.transports.budget import MemoryBudget
+from recserve.server.transports.budget import MemoryBudget, ProcessMemory
 from recserve.server.transports.handlers import DecodeFailureLog, add_service
 from recserve.server.transports.oip import InferenceServicer
 from recserve.server.transports.oip_recommend import PipelineModel
 from recserve.server.transports.protos import OIP_SERVICE, PREDICTOR_SERVICE, oip_pb2, pb2, reflection_pool
-from recserve.server.transports.reads import ReadWatch, WatchedPool, fast_read_slots
+from recserve.server.transports.reads import ReadWatch, WatchedPool, fast_read_slots, read_memory_limit
 from recserve.server.transports.rest import RestApi, RestServer
 from recserve.server.transports.servicer import PredictorServicer
 from recserve.server.transports.status import StatusInterceptor
@@ -187,8 +187,12 @@ class RecServer:
         self.read_watch = ReadWatch(
             read_timeout_s=cfg.grpc_read_timeout_s,
             fast_reads=fast_read_slots(cfg.effective_request_memory, cfg.max_message_bytes),
+            memory=ProcessMemory(),
+            memory_limit=read_memory_limit(cfg.effective_request_memory),
+            max_message_bytes=cfg.max_message_bytes,
+            budget=self.budget,
         )
-        self._shed_pool = WatchedPool(2, self.read_watch, thread_name_prefix="grpc-shed")
+        self._shed_pool = WatchedPool(2, self.read_watch, thread_name_prefix="grpc-shed", gated=False)
         self._streaming_pool = WatchedPool(
             cfg.max_streaming_calls, self.read_watch, thread_name_prefix="grpc-stream", streaming=True
         )

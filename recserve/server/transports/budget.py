@@ -174,6 +174,47 @@ class HeapTrimmer:
         self._trim(0)
 
 
+class ProcessMemory:
+    """This process's anonymous resident memory (heap, thread stacks, buffers) above a baseline.
+
+    What gRPC core holds for messages still arriving is invisible to Python call by call, but it is heap, so
+    it shows here; the read watch (:mod:`recserve.server.transports.reads`) reads :meth:`growth` every tick.
+    The baseline is the memory held when no request holds any: taken at :meth:`rebase` (after giving freed
+    heap back to the system, so that memory freed but kept by the allocator is not counted as a baseline
+    that new requests could fill unseen), and lowered whenever the process holds less.
+    """
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._trim = _malloc_trim()
+        self.baseline = self.anon_bytes()
+
+    def anon_bytes(self) -> int:
+        """Resident anonymous bytes: statm's resident pages less its file-backed and shared ones."""
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                fields = f.read().split()
+            return (int(fields[1]) - int(fields[2])) * self._page
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def growth(self) -> int:
+        """Bytes above the baseline now (never negative: a lower reading becomes the baseline)."""
+        now = self.anon_bytes()
+        if now < self.baseline:
+            self.baseline = now
+        return now - self.baseline
+
+    def trim(self) -> None:
+        if self._trim is not None:
+            self._trim(0)
+
+    def rebase(self) -> None:
+        """The baseline is the memory held now, with freed heap given back first."""
+        self.trim()
+        self.baseline = self.anon_bytes()
+
+
 def _malloc_trim():
     if os.name != "posix":
         return None

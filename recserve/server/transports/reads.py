@@ -15,6 +15,12 @@ handler starts (for a request stream: until the first message), which :func:`mes
   ``--max-message-mb``, at least 8), held until the message is complete or for :data:`FAST_READ_SECONDS`,
   whichever comes first. So at most that many large messages stream into memory at full speed at once; a
   slower sender (a trickling stream, a slow link) holds a thread but no slot.
+- **Read memory.** A slot only bounds fast senders; a message arriving more slowly still grows in gRPC core
+  unseen. So the watch samples the worker's anonymous resident memory every tick
+  (:class:`~recserve.server.transports.budget.ProcessMemory`): a read starts only while that growth plus a
+  whole message for each read holding a slot is under :func:`read_memory_limit`, and past the limit the
+  oldest reads still arriving are ended RESOURCE_EXHAUSTED, enough to free the excess. A held stream holds a
+  few bytes: it costs nothing here until memory is short.
 - **Streaming pools** (``clock_from_submit``): their calls may last for ever, so the pool is small, a call
   queues for a thread, and its read clock runs from the moment it was queued: one whose first message has
   not come within the deadline ends, queued or not.
@@ -38,7 +44,7 @@ from concurrent import futures
 import grpc
 
 from recserve.errors import InvalidRequestError, RecServeError
-from recserve.server.transports.budget import Reservation
+from recserve.server.transports.budget import MemoryBudget, ProcessMemory, Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +52,16 @@ logger = logging.getLogger(__name__)
 FAST_READ_SECONDS = 0.02
 _TICK_SECONDS = 0.01
 MIN_FAST_READS = 8
+# Room above the request budget for what a worker's memory does beside requests (threads starting, allocator
+# slack), so that the read watch does not take that for messages arriving.
+READ_MEMORY_SLACK = 64 << 20
+# What a worker's memory may grow by beyond its request memory, the slack and one message (the documented
+# bound): bytes gRPC core takes in during a tick of the watch before it ends reads, messages being copied into
+# Python as they arrive, the allocator's own.
+GROWTH_CONSTANT = 128 << 20
+# The baseline is taken again after this long with nothing held for requests and memory above it.
+QUIET_SECONDS = 0.2
+TRIM_INTERVAL_S = 0.1
 # A handler behaviour's attribute holding its call's outcome (recserve.server.transports.status.Outcome).
 OUTCOME_ATTRIBUTE = "recserve_outcome"
 
@@ -55,6 +71,11 @@ def fast_read_slots(budget_bytes: int, max_message_bytes: int) -> int:
     return max(MIN_FAST_READS, budget_bytes // (2 * max_message_bytes))
 
 
+def read_memory_limit(budget_bytes: int) -> int:
+    """The worker's memory growth past which messages still arriving are ended and no read starts."""
+    return budget_bytes + READ_MEMORY_SLACK
+
+
 class MessageTooLarge(RecServeError):
     """A request message that inflates past ``--max-message-mb`` (RESOURCE_EXHAUSTED, as gRPC's own limit)."""
 
@@ -62,13 +83,15 @@ class MessageTooLarge(RecServeError):
 class _Read:
     """One call whose request message a pool thread is waiting for."""
 
-    __slots__ = ("call", "outcome", "started", "slot", "state")
+    __slots__ = ("call", "outcome", "started", "slot", "state", "running", "bounded")
 
-    def __init__(self, call, outcome, started: float = 0.0) -> None:
+    def __init__(self, call, outcome, started: float = 0.0, bounded: bool = True) -> None:
         self.call = call
         self.outcome = outcome
         self.started = started  # 0: still queued for a thread, so nothing is being read yet
         self.slot = False  # holds a fast-read slot
+        self.running = False  # a pool thread has asked for its message
+        self.bounded = bounded  # ended when the memory of messages arriving passes the limit
         self.state = "waiting"  # -> "arrived" (the handler runs) or "ended" (the watch ended the call)
 
 
@@ -102,20 +125,43 @@ def call_of(args: tuple) -> tuple[object | None, object | None]:
 
 
 class ReadWatch:
-    """Ends the calls whose request message is late and lends the fast-read slots (module docstring); one per
-    server, with one thread."""
+    """Ends the calls whose request message is late, lends the fast-read slots and holds the memory of
+    messages being read under a limit (module docstring); one per server, with one thread.
 
-    def __init__(self, *, read_timeout_s: float, fast_reads: int) -> None:
+    ``memory`` None: no memory limit (only the slots bound the reads).
+    """
+
+    def __init__(
+        self,
+        *,
+        read_timeout_s: float,
+        fast_reads: int,
+        memory: ProcessMemory | None = None,
+        memory_limit: int = 0,
+        max_message_bytes: int = 64 << 20,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         self.read_timeout_s = read_timeout_s
         self.fast_reads = fast_reads
-        self._slots = threading.Semaphore(fast_reads)
+        self.memory = memory
+        self.memory_limit = memory_limit
+        self.max_message_bytes = max_message_bytes
+        self._budget = budget
+        self._fast = 0  # reads holding a fast-read slot
+        self._growth = 0  # the process's memory growth at the last tick (ProcessMemory.growth)
+        self._gate = threading.Condition(threading.Lock())
         self._reads: set[_Read] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._quiet_since: float | None = None
+        self._last_trim = 0.0
+        self.memory_cancels = 0  # reads ended because the memory of messages arriving passed the limit
 
     def start(self) -> None:
+        if self.memory is not None:
+            self.memory.rebase()
         self._thread = threading.Thread(target=self._run, name="read-watch", daemon=True)
         self._thread.start()
 
@@ -126,35 +172,48 @@ class ReadWatch:
 
     # -- the pool side ---------------------------------------------------------------------------------
 
-    def register(self, args: tuple, *, clock_from_submit: bool = False) -> _Read | None:
+    def register(self, args: tuple, *, clock_from_submit: bool = False, bounded: bool = True) -> _Read | None:
         call, outcome = call_of(args)
         if call is None:
             if not self._warned:
                 self._warned = True
                 logger.warning("this grpcio hands its pool no call object: request reads are not watched")
             return None
-        read = _Read(call, outcome, time.monotonic() if clock_from_submit else 0.0)
+        read = _Read(call, outcome, time.monotonic() if clock_from_submit else 0.0, bounded)
         with self._lock:
             self._reads.add(read)
         return read
+
+    def _may_start(self) -> bool:
+        # Each read holding a slot may still bring a whole message: counted as one, over what is held now.
+        if self._fast >= self.fast_reads:
+            return False
+        if self.memory is None:
+            return True
+        return self._growth + self._fast * self.max_message_bytes < self.memory_limit
 
     def begin(self, read: _Read, *, fast_read_slot: bool) -> None:
         """The pool thread starts the call: its message is asked of the client now, with a fast-read slot
         when ``fast_read_slot`` (waited for, at most the read timeout)."""
         _current.read, _current.watch = read, self
-        if fast_read_slot and not self._slots.acquire(timeout=self.read_timeout_s):
-            self.end(
-                read,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"server busy: {self.fast_reads} request messages arriving at full speed for "
-                f"{self.read_timeout_s:g} s (--request-memory-mb); retry with backoff",
-            )
-            return
         if fast_read_slot:
+            with self._gate:
+                admitted = self._gate.wait_for(self._may_start, timeout=self.read_timeout_s)
+                if admitted:
+                    self._fast += 1
+            if not admitted:
+                self.end(
+                    read,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"server busy: request messages arriving at full speed or holding the worker's request "
+                    f"memory for {self.read_timeout_s:g} s (--request-memory-mb); retry with backoff",
+                )
+                return
             with self._lock:
                 read.slot = read.state == "waiting"
             if not read.slot:
-                self._slots.release()
+                self._release_slot()
+        read.running = True
         if not read.started:
             read.started = time.monotonic()
 
@@ -166,11 +225,16 @@ class ReadWatch:
             self._reads.discard(read)
         self._free_slot(read)
 
+    def _release_slot(self) -> None:
+        with self._gate:
+            self._fast -= 1
+            self._gate.notify()
+
     def _free_slot(self, read: _Read) -> None:
         with self._lock:
             had, read.slot = read.slot, False
         if had:
-            self._slots.release()
+            self._release_slot()
 
     def _settle(self, read: _Read, state: str) -> bool:
         """Moves ``read`` from waiting to ``state`` ("arrived" or "ended"); False if the other came first."""
@@ -204,6 +268,7 @@ class ReadWatch:
             now = time.monotonic()
             with self._lock:
                 reading = [r for r in self._reads if r.started and r.state == "waiting"]
+            excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
             for read in reading:
                 waited = now - read.started
                 if waited >= self.read_timeout_s:
@@ -215,29 +280,92 @@ class ReadWatch:
                     )
                 elif waited >= FAST_READ_SECONDS and read.slot:
                     self._free_slot(read)  # a slow sender: its slot goes to the next read
+            if excess > 0:
+                self._end_for_memory(now, reading, excess)
+
+    def _end_for_memory(self, now: float, reading: list[_Read], excess: int) -> None:
+        """Ends the oldest reads still arriving, enough of them to free ``excess`` bytes if each held a whole
+        message: the oldest hold the most (a large message arriving slowly) or are held streams; a small
+        message whose arrival is merely late (a busy worker) is among the youngest."""
+        slow = [
+            r
+            for r in reading
+            if r.bounded and r.running and not r.slot and now - r.started >= FAST_READ_SECONDS
+        ]
+        slow.sort(key=lambda r: r.started)
+        count = -(-excess // self.max_message_bytes)
+        for read in slow[:count]:
+            if self.end(
+                read,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server busy: request messages still arriving hold the worker's request memory "
+                f"({self.memory_limit / 2**20:.0f} MiB, --request-memory-mb); retry with backoff",
+            ):
+                self.memory_cancels += 1
+        self._trim(now)
+
+    def _watch_memory(self, now: float, reading: bool) -> bool:
+        """Samples the process's memory growth, lets waiting reads start when it allows, re-takes the
+        baseline once nothing is held for requests; the bytes of growth over the limit (0 if none)."""
+        memory = self.memory
+        assert memory is not None
+        growth = memory.growth()
+        held = reading or (self._budget is not None and self._budget.used > 0)
+        if held or growth < self.memory_limit // 8:
+            self._quiet_since = None
+        elif self._quiet_since is None:
+            self._quiet_since = now
+        elif now - self._quiet_since >= QUIET_SECONDS:
+            # Nothing held for requests, yet the process holds more than at the baseline: memory kept by the
+            # allocator, or the model's own (a reload): the baseline moves up to it.
+            memory.rebase()
+            growth = memory.growth()
+            self._quiet_since = None
+        with self._gate:
+            fell, self._growth = growth < self._growth, growth
+            if fell:  # reads waiting for memory may start now
+                self._gate.notify_all()
+        return max(0, growth - self.memory_limit)
+
+    def _trim(self, now: float) -> None:
+        # Ended reads free their bytes in gRPC core; the allocator keeps them mapped until trimmed.
+        if now - self._last_trim >= TRIM_INTERVAL_S:
+            self._last_trim = now
+            self.memory.trim()
 
 
 class WatchedPool(futures.ThreadPoolExecutor):
     """A gRPC handler pool whose calls are watched until their request message has arrived.
 
     ``streaming``: the streaming calls' pool: a call's read clock runs from the moment it is queued, and its
-    read takes no fast-read slot (its messages are small, and the pool bounds how many run).
+    read takes no fast-read slot (its messages are small, and the pool bounds how many run). ``gated`` False:
+    the server's own small pools (refusals, queue-lag probes): reads take no slot and are never ended for
+    memory, so that a flood of large messages does not read as queue lag; the pool's size bounds them.
     """
 
     def __init__(
-        self, max_workers: int, watch: ReadWatch, *, thread_name_prefix: str, streaming: bool = False
+        self,
+        max_workers: int,
+        watch: ReadWatch,
+        *,
+        thread_name_prefix: str,
+        streaming: bool = False,
+        gated: bool = True,
     ) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self.watch = watch
         self._streaming = streaming
+        self._gated = gated and not streaming
 
     def submit(self, fn, /, *args, **kwargs) -> futures.Future:
-        read = self.watch.register(args, clock_from_submit=self._streaming)
+        read = self.watch.register(
+            args, clock_from_submit=self._streaming, bounded=self._gated or self._streaming
+        )
         return super().submit(self._task, read, fn, args, kwargs)
 
     def _task(self, read: _Read | None, fn, args, kwargs):
         if read is not None:
-            self.watch.begin(read, fast_read_slot=not self._streaming)
+            self.watch.begin(read, fast_read_slot=self._gated)
         try:
             return fn(*args, **kwargs)
         finally:
