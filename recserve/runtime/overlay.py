@@ -28,6 +28,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 from torch import Tensor
 
 from recserve.errors import PackageError
+from recserve.runtime.stitched import BackingFile, Stitched, backing_file
+from recserve.runtime.stitched import available as stitched_available
 
 _SHIFT = 40  # key = table << 40 | row: tables of up to 2^40 rows
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -67,6 +69,10 @@ class KernelLayout:
     feature_tables: Tensor  # int64 [F], non-decreasing (features are grouped by table)
     first_feature: tuple[int, ...]  # per table, plus F at the end
     runs: tuple[_Run, ...]
+    base: Tensor  # the kernel's base rows (one buffer)
+    offsets: tuple[int, ...]  # per table: its row 0 in ``base``, in bytes
+    num_rows: tuple[int, ...]  # per table
+    widths: tuple[int, ...]  # per table: bytes of a padded kernel row
 
     @classmethod
     def of(cls, tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> KernelLayout:
@@ -106,6 +112,10 @@ class KernelLayout:
             feature_tables=torch.tensor(tables, dtype=torch.int64, device=device),
             first_feature=tuple(first),
             runs=tuple(runs),
+            base=base,
+            offsets=tuple(offsets),
+            num_rows=tuple(rows for _, rows, _, _, _ in tbe.embedding_specs),
+            widths=tuple(widths),
         )
 
 
@@ -128,7 +138,12 @@ class RowOverlay:
     rows: tuple[Tensor, ...]
 
     @classmethod
-    def empty(cls, layout: KernelLayout) -> RowOverlay:
+    def empty(cls, layout: KernelLayout) -> RowOverlay | StitchedOverlay:
+        """No changed rows yet: a :class:`StitchedOverlay` where the kernel's rows are a file mapping on
+        Linux (read in place), else a compact-table overlay."""
+        stitched = StitchedOverlay.empty(layout)
+        if stitched is not None:
+            return stitched
         device = layout.word_offsets.device
         return cls(
             layout,
@@ -222,6 +237,178 @@ class RowOverlay:
         at = torch.searchsorted(changed, keys).clamp_(max=changed.numel() - 1)
         hit = (changed[at] == keys).nonzero().squeeze(1)
         rows.index_copy_(0, hit, self.rows[group].index_select(0, at[hit]))
+
+
+_SLACK_ROWS = 4096  # a log may hold this many superseded rows beyond its live ones before it is compacted
+
+
+@dataclass
+class _Log:
+    """A kernel's stitched range and how many log slots of each table are written (shared, append-only, by
+    every version built on it; only the thread that builds versions writes)."""
+
+    stitched: Stitched
+    used: list[int]
+
+
+@dataclass(frozen=True)
+class StitchedOverlay:
+    """The changed rows of one kernel, read in place: they sit in the log of a :class:`Stitched` range
+    behind each table's base rows, so a batch only remaps the ids of changed rows to their log rows
+    (FBGEMM's ``pruned_hashmap_lookup``, built for pruned tables: one hash probe per id in C++) and runs
+    the kernel's own op over the range. Bags sum the same bytes in the same order as over a full export.
+
+    A version is immutable: ``merged`` appends new rows to fresh log slots (or, when the log is full or
+    mostly superseded rows, copies the live rows into a new range), so batches still scored on an older
+    version read what they read before."""
+
+    layout: KernelLayout
+    log: _Log
+    hash_table: Tensor  # [capacity, 2] (row id, stitched row), -1 where empty
+    hash_offsets: Tensor  # int64 [T + 1]: each table's slots (none for a table without changed rows)
+    feature_offsets: Tensor  # int64 [F]: each feature's table start in the stitched buffer
+    wide: bool  # stitched row numbers may pass int32: ids are looked up as int64
+    num_rows: int  # changed rows (live: the newest bytes of each)
+
+    @classmethod
+    def empty(cls, layout: KernelLayout) -> StitchedOverlay | None:
+        """None where the kernel's rows are not one mapped file on the CPU (then overlays are compact)."""
+        if not stitched_available() or layout.base.device.type != "cpu" or any(w <= 0 for w in layout.widths):
+            return None
+        source = backing_file(layout.base)
+        if source is None:
+            return None
+        try:
+            log = _Log(_stitch(layout, source, list(layout.num_rows)), [0] * len(layout.widths))
+        except OSError:
+            return None
+        none = [torch.empty(0, dtype=torch.int64) for _ in layout.widths]
+        return cls._version(layout, log, none, list(none))
+
+    @classmethod
+    def _version(
+        cls, layout: KernelLayout, log: _Log, ids: list[Tensor], index: list[Tensor]
+    ) -> StitchedOverlay:
+        counts = [i.numel() for i in ids]
+        capacity = [2 * n for n in counts]  # load <= 1/2, and a free slot ends every probe
+        stitched = log.stitched
+        last_row = max(f + c for f, c in zip(stitched.first_slot, stitched.capacity))
+        wide = last_row >= 2**31 - 1 or any(n >= 2**31 - 1 for n in layout.num_rows)
+        table = torch.full((sum(capacity), 2), -1, dtype=torch.int64 if wide else torch.int32)
+        hash_offsets = torch.tensor([0, *capacity], dtype=torch.int64).cumsum(0)
+        if sum(counts):
+            torch.ops.fbgemm.pruned_hashmap_insert(
+                torch.cat(ids),
+                torch.cat(index),
+                torch.tensor([0, *counts], dtype=torch.int64).cumsum(0),
+                table,
+                hash_offsets,
+            )
+        starts = torch.tensor(stitched.starts, dtype=torch.int64)
+        return cls(layout, log, table, hash_offsets, starts[layout.feature_tables.cpu()], wide, sum(counts))
+
+    def changed(self, table: int) -> tuple[Tensor, Tensor]:
+        """``(sorted local row ids, their rows in the stitched table)`` of ``table``, read back from the
+        hash map (the map is the only index kept: 16 bytes a row)."""
+        a, b = self.hash_offsets[table : table + 2].tolist()
+        pairs = self.hash_table[a:b].long()
+        pairs = pairs[pairs[:, 0] >= 0]
+        order = torch.argsort(pairs[:, 0])
+        return pairs[order, 0], pairs[order, 1]
+
+    @property
+    def nbytes(self) -> int:
+        """This worker's memory for changed rows: the log's written rows (superseded ones included, until
+        the log is compacted) and the index."""
+        log = sum(u * w for u, w in zip(self.log.used, self.log.stitched.widths))
+        return log + self.hash_table.numel() * self.hash_table.element_size()
+
+    def merged(self, changes: Mapping[int, tuple[Tensor, Tensor]], where: str) -> StitchedOverlay:
+        """This overlay with ``changes`` (kernel table -> (sorted local row ids, kernel rows)) on top; a new
+        version, this one unchanged. PackageError naming ``where`` on rows of the wrong width."""
+        layout, log = self.layout, self.log
+        new = {}
+        for t, (ids, rows) in changes.items():
+            if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != layout.row_bytes[t]:
+                raise PackageError(
+                    f"{where}: table {t}: rows must be uint8 [n, {layout.row_bytes[t]}], got {rows.dtype} "
+                    f"{tuple(rows.shape)}"
+                )
+            new[t] = (ids.long().cpu(), rows.cpu())
+        adding = sum(ids.numel() for ids, _ in new.values())
+        fits = all(log.used[t] + ids.numel() <= log.stitched.capacity[t] for t, (ids, _) in new.items())
+        if fits and sum(log.used) + adding <= 2 * (self.num_rows + adding) + _SLACK_ROWS:
+            return self._appended(new)
+        return self._compacted(new)
+
+    def _appended(self, new: Mapping[int, tuple[Tensor, Tensor]]) -> StitchedOverlay:
+        log, stitched = self.log, self.log.stitched
+        ids, index = map(list, zip(*(self.changed(t) for t in range(len(self.layout.widths)))))
+        for t, (new_ids, rows) in new.items():
+            first, n = log.used[t], new_ids.numel()
+            stitched.slots(t, first, n)[:, : rows.shape[1]].copy_(rows)
+            log.used[t] += n
+            at = torch.arange(first, first + n, dtype=torch.int64) + stitched.first_slot[t]
+            ids[t], index[t] = _newest([ids[t], new_ids], [index[t], at])
+        return self._version(self.layout, log, ids, index)
+
+    def _compacted(self, new: Mapping[int, tuple[Tensor, Tensor]]) -> StitchedOverlay:
+        """The live rows (and ``new``) copied into a new range: the old one is unmapped with the last
+        version that reads it."""
+        layout, old = self.layout, self.log.stitched
+        source = backing_file(layout.base)
+        if source is None:
+            raise PackageError("the base package's table file is gone; cannot apply more deltas to it")
+        log = _Log(_stitch(layout, source, list(layout.num_rows)), [0] * len(layout.widths))
+        ids, index = [], []
+        for t in range(len(layout.widths)):
+            old_ids, old_index = self.changed(t)
+            keys, rows = [old_ids], [old.rows(t, old_index)]
+            if t in new:
+                keys.append(new[t][0])
+                rows.append(torch.nn.functional.pad(new[t][1], (0, old.widths[t] - new[t][1].shape[1])))
+            live_ids, live_rows = _newest(keys, rows)
+            n = live_ids.numel()
+            log.stitched.slots(t, 0, n).copy_(live_rows)
+            log.used[t] = n
+            ids.append(live_ids)
+            index.append(torch.arange(n, dtype=torch.int64) + log.stitched.first_slot[t])
+        return self._version(layout, log, ids, index)
+
+    def lookup(
+        self,
+        tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
+        indices: Tensor,
+        offsets: Tensor,
+        per_sample_weights: Tensor | None,
+    ) -> Tensor:
+        """``tbe(indices, offsets, per_sample_weights)`` with the overlay's rows in place of the base's."""
+        if indices.numel() == 0 or self.num_rows == 0:
+            return tbe(indices, offsets, per_sample_weights)
+        if self.wide and indices.dtype != torch.int64:
+            indices, offsets = indices.long(), offsets.long()
+        features = self.layout.feature_tables.numel()
+        bounds = offsets[:: (offsets.numel() - 1) // features]  # where each feature's ids start, and the end
+        table_starts = bounds[list(self.layout.first_feature)]
+        found = torch.ops.fbgemm.pruned_hashmap_lookup(
+            indices, table_starts, self.hash_table, self.hash_offsets
+        )
+        rows = torch.where(found >= 0, found, indices)
+        return _run(tbe, self.log.stitched.buffer, self.feature_offsets, rows, offsets, per_sample_weights)
+
+
+def _stitch(layout: KernelLayout, source: BackingFile, capacity: list[int]) -> Stitched:
+    return Stitched.build(source, list(layout.offsets), list(layout.num_rows), list(layout.widths), capacity)
+
+
+def _newest(keys: list[Tensor], values: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The union of ``keys`` (each unique), sorted, with the value of the last list holding each key."""
+    all_keys, all_values = torch.cat(keys), torch.cat(values)
+    order = torch.argsort(all_keys, stable=True)
+    sorted_keys = all_keys[order]
+    last = torch.ones_like(sorted_keys, dtype=torch.bool)
+    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    return sorted_keys[last], all_values[order[last]]
 
 
 def _padded(rows: Tensor, row_bytes: int, group: _Group, where: str) -> Tensor:
