@@ -12,6 +12,7 @@ verifies; ``recserve.export.delta`` writes; ``Predictor.apply_delta`` serves. Fo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load
 from torch import Tensor
@@ -72,10 +74,39 @@ class Delta:
     model_name: str = ""
     base_manifest_sha256: str = ""
     path: Path | None = field(default=None, compare=False)
+    first_sequence: int | None = None  # a fold of deltas first_sequence..sequence (None: this one alone)
 
     @property
     def num_rows(self) -> int:
         return sum(ids.numel() for ids, _ in self.rows.values())
+
+    @property
+    def starts_at(self) -> int:
+        """The first delta this one holds: its own sequence, or a fold's first."""
+        return self.sequence if self.first_sequence is None else self.first_sequence
+
+
+def fold_deltas(older: Delta, newer: Delta) -> Delta:
+    """One delta that applies as ``older`` then ``newer`` (the next one of the same base, both verified):
+    each table's rows changed by either, the newest bytes of a row changed by both, ``newer``'s dense
+    state and place in the stream. A follower starting on a base with many deltas applies them as one."""
+    if newer.base_version != older.base_version or newer.starts_at != older.sequence + 1:
+        raise PackageError(
+            f"cannot fold delta {newer.sequence} of base {newer.base_version} onto delta {older.sequence} "
+            f"of base {older.base_version}"
+        )
+    rows = dict(older.rows)
+    for table, (ids, table_rows) in newer.rows.items():
+        if table not in rows:
+            rows[table] = (ids, table_rows)
+            continue
+        all_ids = torch.cat([rows[table][0], ids])
+        order = torch.argsort(all_ids, stable=True)  # of equal ids, the newer comes last
+        sorted_ids = all_ids[order]
+        last = torch.ones_like(sorted_ids, dtype=torch.bool)
+        last[:-1] = sorted_ids[1:] != sorted_ids[:-1]
+        rows[table] = (sorted_ids[last], torch.cat([rows[table][1], table_rows])[order[last]])
+    return dataclasses.replace(newer, rows=rows, first_sequence=older.starts_at)
 
 
 def _is_int(value: Any) -> bool:

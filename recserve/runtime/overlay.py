@@ -15,6 +15,7 @@ with the compact buffer), so concurrent predicts stay safe and no kernel is ever
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -185,6 +186,9 @@ class RowOverlay:
             rows[g] = all_rows[order[last]]
         return RowOverlay(layout, tuple(keys), tuple(rows))
 
+    def activate(self) -> None:
+        """Nothing to do: a compact overlay is served as it is."""
+
     def lookup(
         self,
         tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
@@ -244,28 +248,31 @@ _SLACK_ROWS = 4096  # a log may hold this many superseded rows beyond its live o
 
 @dataclass
 class _Log:
-    """A kernel's stitched range and how many log slots of each table are written (shared, append-only, by
-    every version built on it; only the thread that builds versions writes)."""
+    """A kernel's stitched range, how many log slots of each table are written, and the row map the served
+    version reads (shared by the versions built on this range; only the thread that builds versions
+    writes slots, and only ``activate`` writes the map, between batches)."""
 
     stitched: Stitched
     used: list[int]
+    remap: Tensor  # per table with changed rows: stitched row of each base row (itself, or its log row)
+    remap_offsets: Tensor  # int64 [T + 1]: each table's part of ``remap`` (empty: not changed, ids pass)
 
 
 @dataclass(frozen=True)
 class StitchedOverlay:
     """The changed rows of one kernel, read in place: they sit in the log of a :class:`Stitched` range
-    behind each table's base rows, so a batch only remaps the ids of changed rows to their log rows
-    (FBGEMM's ``pruned_hashmap_lookup``, built for pruned tables: one hash probe per id in C++) and runs
-    the kernel's own op over the range. Bags sum the same bytes in the same order as over a full export.
+    behind each table's base rows, so a batch only remaps its ids (FBGEMM's ``pruned_array_lookup``, built
+    for pruned tables: one array read per id in C++, 4 bytes a row of each changed table) and runs the
+    kernel's own op over the range. Bags sum the same bytes in the same order as over a full export.
 
-    A version is immutable: ``merged`` appends new rows to fresh log slots (or, when the log is full or
-    mostly superseded rows, copies the live rows into a new range), so batches still scored on an older
-    version read what they read before."""
+    ``merged`` writes the new rows to fresh log slots (older versions' slots stay as they were) and leaves
+    the row map's update ``pending`` until ``activate`` (between batches: a scatter of the delta's rows);
+    when a table is changed for the first time it builds a new map, and when the log is full or mostly
+    superseded rows a new range with only the live rows and its map (older versions keep theirs)."""
 
     layout: KernelLayout
     log: _Log
-    hash_table: Tensor  # [capacity, 2] (row id, stitched row), -1 where empty
-    hash_offsets: Tensor  # int64 [T + 1]: each table's slots (none for a table without changed rows)
+    pending: tuple[Tensor, Tensor] | None  # (positions in the map, new stitched rows) for ``activate``
     feature_offsets: Tensor  # int64 [F]: each feature's table start in the stitched buffer
     wide: bool  # stitched row numbers may pass int32: ids are looked up as int64
     num_rows: int  # changed rows (live: the newest bytes of each)
@@ -279,53 +286,42 @@ class StitchedOverlay:
         if source is None:
             return None
         try:
-            log = _Log(_stitch(layout, source, list(layout.num_rows)), [0] * len(layout.widths))
+            stitched = _stitch(layout, source)
         except OSError:
             return None
-        none = [torch.empty(0, dtype=torch.int64) for _ in layout.widths]
-        return cls._version(layout, log, none, list(none))
+        return cls._on(layout, stitched, [0] * len(layout.widths), {}, 0)
 
     @classmethod
-    def _version(
-        cls, layout: KernelLayout, log: _Log, ids: list[Tensor], index: list[Tensor]
+    def _on(
+        cls, layout: KernelLayout, stitched: Stitched, used: list[int], maps: Mapping[int, Tensor], live: int
     ) -> StitchedOverlay:
-        counts = [i.numel() for i in ids]
-        capacity = [2 * n for n in counts]  # load <= 1/2, and a free slot ends every probe
-        stitched = log.stitched
+        """A version on ``stitched`` (slots ``used``) with its own row map made of ``maps`` (table -> its
+        whole map): older versions keep theirs."""
         last_row = max(f + c for f, c in zip(stitched.first_slot, stitched.capacity))
-        wide = last_row >= 2**31 - 1 or any(n >= 2**31 - 1 for n in layout.num_rows)
-        table = torch.full((sum(capacity), 2), -1, dtype=torch.int64 if wide else torch.int32)
-        hash_offsets = torch.tensor([0, *capacity], dtype=torch.int64).cumsum(0)
-        if sum(counts):
-            torch.ops.fbgemm.pruned_hashmap_insert(
-                torch.cat(ids),
-                torch.cat(index),
-                torch.tensor([0, *counts], dtype=torch.int64).cumsum(0),
-                table,
-                hash_offsets,
-            )
+        wide = last_row >= 2**31 - 1
+        dtype = torch.int64 if wide else torch.int32
+        sizes = [layout.num_rows[t] if t in maps else 0 for t in range(len(layout.widths))]
+        remap = torch.cat([maps[t].to(dtype) for t in sorted(maps)]) if maps else torch.empty(0, dtype=dtype)
+        log = _Log(stitched, used, remap, torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0))
         starts = torch.tensor(stitched.starts, dtype=torch.int64)
-        return cls(layout, log, table, hash_offsets, starts[layout.feature_tables.cpu()], wide, sum(counts))
+        return cls(layout, log, None, starts[layout.feature_tables.cpu()], wide, live)
 
-    def changed(self, table: int) -> tuple[Tensor, Tensor]:
-        """``(sorted local row ids, their rows in the stitched table)`` of ``table``, read back from the
-        hash map (the map is the only index kept: 16 bytes a row)."""
-        a, b = self.hash_offsets[table : table + 2].tolist()
-        pairs = self.hash_table[a:b].long()
-        pairs = pairs[pairs[:, 0] >= 0]
-        order = torch.argsort(pairs[:, 0])
-        return pairs[order, 0], pairs[order, 1]
+    def _map_of(self, table: int) -> Tensor | None:
+        """``table``'s part of the row map (a view), or None when it has no changed rows."""
+        a, b = self.log.remap_offsets[table : table + 2].tolist()
+        return self.log.remap[a:b] if b > a else None
 
     @property
     def nbytes(self) -> int:
         """This worker's memory for changed rows: the log's written rows (superseded ones included, until
-        the log is compacted) and the index."""
+        the log is compacted) and the row map."""
         log = sum(u * w for u, w in zip(self.log.used, self.log.stitched.widths))
-        return log + self.hash_table.numel() * self.hash_table.element_size()
+        return log + self.log.remap.numel() * self.log.remap.element_size()
 
     def merged(self, changes: Mapping[int, tuple[Tensor, Tensor]], where: str) -> StitchedOverlay:
         """This overlay with ``changes`` (kernel table -> (sorted local row ids, kernel rows)) on top; a new
-        version, this one unchanged. PackageError naming ``where`` on rows of the wrong width."""
+        version, prepared beside serving (``activate`` makes its row map the served one). PackageError
+        naming ``where`` on rows of the wrong width."""
         layout, log = self.layout, self.log
         new = {}
         for t, (ids, rows) in changes.items():
@@ -335,45 +331,64 @@ class StitchedOverlay:
                     f"{tuple(rows.shape)}"
                 )
             new[t] = (ids.long().cpu(), rows.cpu())
+        fresh = 0  # rows changed for the first time since the base (an unchanged row maps to itself)
+        for t, (ids, _) in new.items():
+            table_map = self._map_of(t)
+            fresh += ids.numel() if table_map is None else int((table_map[ids].long() == ids).sum())
         adding = sum(ids.numel() for ids, _ in new.values())
         fits = all(log.used[t] + ids.numel() <= log.stitched.capacity[t] for t, (ids, _) in new.items())
-        if fits and sum(log.used) + adding <= 2 * (self.num_rows + adding) + _SLACK_ROWS:
-            return self._appended(new)
-        return self._compacted(new)
-
-    def _appended(self, new: Mapping[int, tuple[Tensor, Tensor]]) -> StitchedOverlay:
-        log, stitched = self.log, self.log.stitched
-        ids, index = map(list, zip(*(self.changed(t) for t in range(len(self.layout.widths)))))
-        for t, (new_ids, rows) in new.items():
-            first, n = log.used[t], new_ids.numel()
-            stitched.slots(t, first, n)[:, : rows.shape[1]].copy_(rows)
+        if not fits or sum(log.used) + adding > 2 * (self.num_rows + fresh) + _SLACK_ROWS:
+            return self._compacted(new)
+        stitched_rows = {}
+        for t, (ids, rows) in new.items():  # fresh slots: no version reads them yet
+            first, n = log.used[t], ids.numel()
+            log.stitched.slots(t, first, n)[:, : rows.shape[1]].copy_(rows)
             log.used[t] += n
-            at = torch.arange(first, first + n, dtype=torch.int64) + stitched.first_slot[t]
-            ids[t], index[t] = _newest([ids[t], new_ids], [index[t], at])
-        return self._version(self.layout, log, ids, index)
+            stitched_rows[t] = torch.arange(first, first + n, dtype=torch.int64) + log.stitched.first_slot[t]
+        if any(self._map_of(t) is None for t in new):  # a table's first change: a new map, built here
+            maps = {t: m.clone() for t in range(len(layout.widths)) if (m := self._map_of(t)) is not None}
+            for t, (ids, _) in new.items():
+                maps.setdefault(t, torch.arange(layout.num_rows[t], dtype=log.remap.dtype))
+                maps[t][ids] = stitched_rows[t].to(maps[t].dtype)
+            return self._on(layout, log.stitched, log.used, maps, self.num_rows + fresh)
+        positions = torch.cat([ids + int(log.remap_offsets[t]) for t, (ids, _) in new.items()])
+        values = torch.cat(list(stitched_rows.values())).to(log.remap.dtype)
+        return dataclasses.replace(self, pending=(positions, values), num_rows=self.num_rows + fresh)
+
+    def activate(self) -> None:
+        """Make this version's row map the served one: the scatter of its new rows into the shared map,
+        between batches (``use_overlays``); idempotent."""
+        if self.pending is not None:
+            self.log.remap.index_copy_(0, *self.pending)
 
     def _compacted(self, new: Mapping[int, tuple[Tensor, Tensor]]) -> StitchedOverlay:
-        """The live rows (and ``new``) copied into a new range: the old one is unmapped with the last
-        version that reads it."""
+        """The live rows (``new`` over the current ones) copied into a new range with a new row map: the
+        old range is unmapped with the last version that reads it."""
         layout, old = self.layout, self.log.stitched
         source = backing_file(layout.base)
         if source is None:
             raise PackageError("the base package's table file is gone; cannot apply more deltas to it")
-        log = _Log(_stitch(layout, source, list(layout.num_rows)), [0] * len(layout.widths))
-        ids, index = [], []
+        stitched = _stitch(layout, source)
+        used, maps = [0] * len(layout.widths), {}
         for t in range(len(layout.widths)):
-            old_ids, old_index = self.changed(t)
-            keys, rows = [old_ids], [old.rows(t, old_index)]
+            table_map = self._map_of(t)
+            if table_map is None and t not in new:
+                continue
+            base_rows = torch.arange(layout.num_rows[t], dtype=torch.int64)
+            table_map = base_rows if table_map is None else table_map.long()
+            kept = (table_map != base_rows).nonzero().squeeze(1)
+            ids, rows = [kept], [old.rows(t, table_map[kept])]
             if t in new:
-                keys.append(new[t][0])
+                ids[0] = kept[~torch.isin(kept, new[t][0])]
+                rows[0] = old.rows(t, table_map[ids[0]])
+                ids.append(new[t][0])
                 rows.append(torch.nn.functional.pad(new[t][1], (0, old.widths[t] - new[t][1].shape[1])))
-            live_ids, live_rows = _newest(keys, rows)
-            n = live_ids.numel()
-            log.stitched.slots(t, 0, n).copy_(live_rows)
-            log.used[t] = n
-            ids.append(live_ids)
-            index.append(torch.arange(n, dtype=torch.int64) + log.stitched.first_slot[t])
-        return self._version(layout, log, ids, index)
+            live = torch.cat(ids)
+            stitched.slots(t, 0, live.numel()).copy_(torch.cat(rows))
+            used[t] = live.numel()
+            base_rows[live] = torch.arange(live.numel(), dtype=torch.int64) + stitched.first_slot[t]
+            maps[t] = base_rows
+        return self._on(layout, stitched, used, maps, sum(used))
 
     def lookup(
         self,
@@ -390,15 +405,16 @@ class StitchedOverlay:
         features = self.layout.feature_tables.numel()
         bounds = offsets[:: (offsets.numel() - 1) // features]  # where each feature's ids start, and the end
         table_starts = bounds[list(self.layout.first_feature)]
-        found = torch.ops.fbgemm.pruned_hashmap_lookup(
-            indices, table_starts, self.hash_table, self.hash_offsets
-        )
-        rows = torch.where(found >= 0, found, indices)
-        return _run(tbe, self.log.stitched.buffer, self.feature_offsets, rows, offsets, per_sample_weights)
+        log = self.log
+        rows = torch.ops.fbgemm.pruned_array_lookup(indices, table_starts, log.remap, log.remap_offsets)
+        return _run(tbe, log.stitched.buffer, self.feature_offsets, rows, offsets, per_sample_weights)
 
 
-def _stitch(layout: KernelLayout, source: BackingFile, capacity: list[int]) -> Stitched:
-    return Stitched.build(source, list(layout.offsets), list(layout.num_rows), list(layout.widths), capacity)
+def _stitch(layout: KernelLayout, source: BackingFile) -> Stitched:
+    """A new range for ``layout``'s tables, each with a log of as many rows as the table has (so a
+    compacted log, at most one row per base row, always fits)."""
+    rows = list(layout.num_rows)
+    return Stitched.build(source, list(layout.offsets), rows, list(layout.widths), rows)
 
 
 def _newest(keys: list[Tensor], values: list[Tensor]) -> tuple[Tensor, Tensor]:
