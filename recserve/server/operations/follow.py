@@ -154,6 +154,10 @@ class Follower:
             return False
         deltas = deltas_of(self._dir, base.version)
         expected = next_sequence(runner.version)
+        if expected not in deltas and any(s > expected for s in deltas):
+            # A listing may miss a folder renamed into place while it ran (readdir leaves that open) and
+            # still see a later one: look again before calling it a gap.
+            deltas = deltas_of(self._dir, base.version)
         if expected not in deltas:
             later = sorted(s for s in deltas if s > expected)
             if later:
