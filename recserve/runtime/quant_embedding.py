@@ -6,8 +6,8 @@ per-kernel inputs; ids of a row-wise shard are filtered to its row range and re-
 gathered on the output device and put in table order; partial sums of a split table are added (its MEAN
 pooling is done as SUM and divided by the whole bag length afterwards). Rows changed by model deltas since the
 package are served from a per-kernel overlay (``overlays_with`` prepares, ``use_overlays`` swaps in; see
-``overlay``): a kernel with changed rows runs over a per-batch compact table, the others read their rows in
-place.
+``overlay``): a kernel with changed rows reads them in place beside its mapped base rows (its ids remapped),
+the others read their rows as they are.
 """
 
 from __future__ import annotations
