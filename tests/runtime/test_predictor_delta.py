@@ -11,7 +11,7 @@ import torch
 
 from recserve.errors import PackageError
 from recserve.runtime import Predictor, QuantEmbeddingBagCollection
-from recserve.runtime.delta import list_stream, manifest_sha256, read_delta
+from recserve.runtime.delta import fold_deltas, list_stream, manifest_sha256, read_delta
 from recserve.runtime.layout import TableDType, row_bytes
 from recserve.runtime.overlay import StitchedOverlay
 from recserve.runtime.package import read_manifest, verify_files
@@ -228,3 +228,22 @@ def test_rows_changed_in_place_through_log_compaction_predict_like_a_full_export
     assert len(ranges) > 1  # a log was compacted into a new range
     assert predictor.model_version == "1.8"
     assert_same_predictions(predictor, Predictor.load(stream.full_export(tmp_path / "full")))
+
+
+def test_folded_deltas_apply_as_one_and_serve_what_applying_each_serves(tmp_path):
+    stream = make_stream(tmp_path / "publish")
+    for seed, tables in ((51, None), (52, ("t0", "t3")), (53, ("t1",))):
+        stream.publish_delta(seed, tables)
+    base, paths = list_stream(stream.publish)
+    manifest, sha = read_manifest(base), manifest_sha256(base)
+    deltas = [read_delta(path, manifest, sha, seq) for seq, path in enumerate(paths, start=1)]
+    with pytest.raises(PackageError, match="cannot fold delta 3 of base 1 onto delta 1"):
+        fold_deltas(deltas[0], deltas[2])
+    folded = fold_deltas(fold_deltas(deltas[0], deltas[1]), deltas[2])
+    assert (folded.starts_at, folded.sequence, folded.step) == (1, 3, deltas[2].step)
+    one, each = Predictor.load(base), follow(Predictor.load(base), stream.publish)
+    one.apply_delta(folded)
+    assert one.model_version == each.model_version == "1.3"
+    assert_same_predictions(one, each)
+    with pytest.raises(PackageError, match="sequence 1, expected 4"):
+        one.apply_delta(folded)  # the same fold twice
