@@ -410,11 +410,16 @@ class StitchedOverlay:
         return _run(tbe, log.stitched.buffer, self.feature_offsets, rows, offsets, per_sample_weights)
 
 
+_LOG_ROWS_PER_ROW = 2  # a table's log holds twice its rows (address space only; untouched pages cost nothing)
+
+
 def _stitch(layout: KernelLayout, source: BackingFile) -> Stitched:
-    """A new range for ``layout``'s tables, each with a log of as many rows as the table has (so a
-    compacted log, at most one row per base row, always fits)."""
+    """A new range for ``layout``'s tables, each with a log of ``_LOG_ROWS_PER_ROW`` times its rows: a
+    compacted log (at most one row per base row) always fits, and deltas append for a long while before
+    the next compaction (whose cost is the live rows, on the preparing thread)."""
     rows = list(layout.num_rows)
-    return Stitched.build(source, list(layout.offsets), rows, list(layout.widths), rows)
+    capacity = [_LOG_ROWS_PER_ROW * n for n in rows]
+    return Stitched.build(source, list(layout.offsets), rows, list(layout.widths), capacity)
 
 
 def _newest(keys: list[Tensor], values: list[Tensor]) -> tuple[Tensor, Tensor]:

@@ -173,18 +173,19 @@ class Follower:
             return False
         from recserve.runtime.delta import fold_deltas
 
-        folded, stamps, sequence = None, [], expected
+        read, stamps, sequence = [], [], expected
         while sequence in deltas:
             path = deltas[sequence]
-            read = self._read(path, base, sequence, runner)
-            if read is None:
+            got = self._read(path, base, sequence, runner)
+            if got is None:
                 break
-            delta, stamp = read
-            folded = delta if folded is None else fold_deltas(folded, delta)
-            stamps.append((path, stamp))
+            read.append(got[0])
+            stamps.append((path, got[1]))
             sequence += 1
-        if folded is None:
+        if not read:
             return False
+        folded = fold_deltas(read)
+        del read
         path, stamp = stamps[-1]
         try:
             # Prepared here, beside serving (overlays merged and indexed, dense converted); only the swap
