@@ -3,10 +3,10 @@
 ``--shape standard``: the standard workload's DLRM (``infer_throughput``: 8 int8 tables x 100,000 x 64,
 ids per bag uniform 1..39, bottom 13-512-256-64, top 512-256-1); ``--shape criteo``: the same MLPs over 26
 tables x 100,000 x 64 with one id per bag (Criteo's 26 categorical columns). Base 1 is exported, then
-``--deltas`` deltas each changing ``--fraction`` of every table's rows. On the overlay path every batch
-gathers the rows it reads into a compact table (base rows from the shared mapping, changed rows from the
-overlay, found by binary search) and runs the same FBGEMM op over it: its extra cost grows with the ids per
-batch (and the log of the overlay's rows).
+``--deltas`` deltas each changing ``--fraction`` of every table's rows. On the overlay path the kernel reads
+changed rows in place (``recserve/runtime/stitched.py``: the package's pages and a log of changed rows in one
+range; each batch remaps its ids with FBGEMM's ``pruned_array_lookup``): its extra cost is one array read
+per id, and the reads of log rows.
 
     .venv/bin/python bench/delta_overlay.py [--shape standard|criteo] [--batch 512] [--fraction 0.01]
         [--deltas 3] [--seconds 8] [--repeats 4] [--threads 1]

@@ -235,7 +235,7 @@ def main() -> None:
         command += ["--workers", str(args.workers), "--metrics-port", str(metrics_port)]
         server = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
         try:
-            wait_serving(server, port)
+            wait_serving(server, port, timeout_s=args.timeout)
             with Load(f"127.0.0.1:{port}", args.clients, args.request_batch) as load:
 
                 def served_enough() -> bool:

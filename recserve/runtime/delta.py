@@ -12,13 +12,16 @@ verifies; ``recserve.export.delta`` writes; ``Predictor.apply_delta`` serves. Fo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load
 from torch import Tensor
@@ -72,10 +75,41 @@ class Delta:
     model_name: str = ""
     base_manifest_sha256: str = ""
     path: Path | None = field(default=None, compare=False)
+    first_sequence: int | None = None  # a fold of deltas first_sequence..sequence (None: this one alone)
 
     @property
     def num_rows(self) -> int:
         return sum(ids.numel() for ids, _ in self.rows.values())
+
+    @property
+    def starts_at(self) -> int:
+        """The first delta this one holds: its own sequence, or a fold's first."""
+        return self.sequence if self.first_sequence is None else self.first_sequence
+
+
+def fold_deltas(deltas: Sequence[Delta]) -> Delta:
+    """One delta that applies as ``deltas`` (consecutive deltas of one base, each verified) in order: each
+    table's rows changed by any, the newest bytes of a row changed by several, the last one's dense state
+    and place in the stream. One sort per table over all their rows, so folding k deltas costs their size
+    (a follower starting on a base with many deltas, or catching up, applies them as one)."""
+    for older, newer in zip(deltas, deltas[1:]):
+        if newer.base_version != older.base_version or newer.starts_at != older.sequence + 1:
+            raise PackageError(
+                f"cannot fold delta {newer.sequence} of base {newer.base_version} onto delta "
+                f"{older.sequence} of base {older.base_version}"
+            )
+    if len(deltas) == 1:
+        return deltas[0]
+    rows = {}
+    for table in dict.fromkeys(t for d in deltas for t in d.rows):
+        parts = [d.rows[table] for d in deltas if table in d.rows]
+        all_ids = torch.cat([ids for ids, _ in parts])
+        order = torch.argsort(all_ids, stable=True)  # of equal ids, the newest comes last
+        sorted_ids = all_ids[order]
+        last = torch.ones_like(sorted_ids, dtype=torch.bool)
+        last[:-1] = sorted_ids[1:] != sorted_ids[:-1]
+        rows[table] = (sorted_ids[last], torch.cat([r for _, r in parts])[order[last]])
+    return dataclasses.replace(deltas[-1], rows=rows, first_sequence=deltas[0].starts_at)
 
 
 def _is_int(value: Any) -> bool:

@@ -47,9 +47,9 @@ class StreamPosition:
             )
         if delta.model_name and delta.model_name != self.model_name:
             raise PackageError(f"{where}: model_name {delta.model_name!r}, serving {self.model_name!r}")
-        if delta.sequence != self.sequence + 1:
+        if delta.starts_at != self.sequence + 1:
             raise PackageError(
-                f"{where}: sequence {delta.sequence}, expected {self.sequence + 1} (serving {self.version})"
+                f"{where}: sequence {delta.starts_at}, expected {self.sequence + 1} (serving {self.version})"
             )
         return StreamPosition(
             self.base_version,

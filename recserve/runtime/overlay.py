@@ -15,6 +15,7 @@ with the compact buffer), so concurrent predicts stay safe and no kernel is ever
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 from torch import Tensor
 
 from recserve.errors import PackageError
+from recserve.runtime.stitched import BackingFile, Stitched, backing_file
+from recserve.runtime.stitched import available as stitched_available
 
 _SHIFT = 40  # key = table << 40 | row: tables of up to 2^40 rows
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -67,6 +70,10 @@ class KernelLayout:
     feature_tables: Tensor  # int64 [F], non-decreasing (features are grouped by table)
     first_feature: tuple[int, ...]  # per table, plus F at the end
     runs: tuple[_Run, ...]
+    base: Tensor  # the kernel's base rows (one buffer)
+    offsets: tuple[int, ...]  # per table: its row 0 in ``base``, in bytes
+    num_rows: tuple[int, ...]  # per table
+    widths: tuple[int, ...]  # per table: bytes of a padded kernel row
 
     @classmethod
     def of(cls, tbe: IntNBitTableBatchedEmbeddingBagsCodegen) -> KernelLayout:
@@ -106,6 +113,10 @@ class KernelLayout:
             feature_tables=torch.tensor(tables, dtype=torch.int64, device=device),
             first_feature=tuple(first),
             runs=tuple(runs),
+            base=base,
+            offsets=tuple(offsets),
+            num_rows=tuple(rows for _, rows, _, _, _ in tbe.embedding_specs),
+            widths=tuple(widths),
         )
 
 
@@ -128,7 +139,12 @@ class RowOverlay:
     rows: tuple[Tensor, ...]
 
     @classmethod
-    def empty(cls, layout: KernelLayout) -> RowOverlay:
+    def empty(cls, layout: KernelLayout) -> RowOverlay | StitchedOverlay:
+        """No changed rows yet: a :class:`StitchedOverlay` where the kernel's rows are a file mapping on
+        Linux (read in place), else a compact-table overlay."""
+        stitched = StitchedOverlay.empty(layout)
+        if stitched is not None:
+            return stitched
         device = layout.word_offsets.device
         return cls(
             layout,
@@ -169,6 +185,9 @@ class RowOverlay:
             keys[g] = sorted_keys[last]
             rows[g] = all_rows[order[last]]
         return RowOverlay(layout, tuple(keys), tuple(rows))
+
+    def activate(self) -> None:
+        """Nothing to do: a compact overlay is served as it is."""
 
     def lookup(
         self,
@@ -222,6 +241,195 @@ class RowOverlay:
         at = torch.searchsorted(changed, keys).clamp_(max=changed.numel() - 1)
         hit = (changed[at] == keys).nonzero().squeeze(1)
         rows.index_copy_(0, hit, self.rows[group].index_select(0, at[hit]))
+
+
+_SLACK_ROWS = 4096  # a log may hold this many superseded rows beyond its live ones before it is compacted
+
+
+@dataclass
+class _Log:
+    """A kernel's stitched range, how many log slots of each table are written, and the row map the served
+    version reads (shared by the versions built on this range; only the thread that builds versions
+    writes slots, and only ``activate`` writes the map, between batches)."""
+
+    stitched: Stitched
+    used: list[int]
+    remap: Tensor  # per table with changed rows: stitched row of each base row (itself, or its log row)
+    remap_offsets: Tensor  # int64 [T + 1]: each table's part of ``remap`` (empty: not changed, ids pass)
+
+
+@dataclass(frozen=True)
+class StitchedOverlay:
+    """The changed rows of one kernel, read in place: they sit in the log of a :class:`Stitched` range
+    behind each table's base rows, so a batch only remaps its ids (FBGEMM's ``pruned_array_lookup``, built
+    for pruned tables: one array read per id in C++, 4 bytes a row of each changed table) and runs the
+    kernel's own op over the range. Bags sum the same bytes in the same order as over a full export.
+
+    ``merged`` writes the new rows to fresh log slots (older versions' slots stay as they were) and leaves
+    the row map's update ``pending`` until ``activate`` (between batches: a scatter of the delta's rows);
+    when a table is changed for the first time it builds a new map, and when the log is full or mostly
+    superseded rows a new range with only the live rows and its map (older versions keep theirs)."""
+
+    layout: KernelLayout
+    log: _Log
+    pending: tuple[Tensor, Tensor] | None  # (positions in the map, new stitched rows) for ``activate``
+    feature_offsets: Tensor  # int64 [F]: each feature's table start in the stitched buffer
+    wide: bool  # stitched row numbers may pass int32: ids are looked up as int64
+    num_rows: int  # changed rows (live: the newest bytes of each)
+
+    @classmethod
+    def empty(cls, layout: KernelLayout) -> StitchedOverlay | None:
+        """None where the kernel's rows are not one mapped file on the CPU (then overlays are compact)."""
+        if not stitched_available() or layout.base.device.type != "cpu" or any(w <= 0 for w in layout.widths):
+            return None
+        source = backing_file(layout.base)
+        if source is None:
+            return None
+        try:
+            stitched = _stitch(layout, source)
+        except OSError:
+            return None
+        return cls._on(layout, stitched, [0] * len(layout.widths), {}, 0)
+
+    @classmethod
+    def _on(
+        cls, layout: KernelLayout, stitched: Stitched, used: list[int], maps: Mapping[int, Tensor], live: int
+    ) -> StitchedOverlay:
+        """A version on ``stitched`` (slots ``used``) with its own row map made of ``maps`` (table -> its
+        whole map): older versions keep theirs."""
+        last_row = max(f + c for f, c in zip(stitched.first_slot, stitched.capacity))
+        wide = last_row >= 2**31 - 1
+        dtype = torch.int64 if wide else torch.int32
+        sizes = [layout.num_rows[t] if t in maps else 0 for t in range(len(layout.widths))]
+        remap = torch.cat([maps[t].to(dtype) for t in sorted(maps)]) if maps else torch.empty(0, dtype=dtype)
+        log = _Log(stitched, used, remap, torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0))
+        starts = torch.tensor(stitched.starts, dtype=torch.int64)
+        return cls(layout, log, None, starts[layout.feature_tables.cpu()], wide, live)
+
+    def _map_of(self, table: int) -> Tensor | None:
+        """``table``'s part of the row map (a view), or None when it has no changed rows."""
+        a, b = self.log.remap_offsets[table : table + 2].tolist()
+        return self.log.remap[a:b] if b > a else None
+
+    @property
+    def nbytes(self) -> int:
+        """This worker's memory for changed rows: the log's written rows (superseded ones included, until
+        the log is compacted) and the row map."""
+        log = sum(u * w for u, w in zip(self.log.used, self.log.stitched.widths))
+        return log + self.log.remap.numel() * self.log.remap.element_size()
+
+    def merged(self, changes: Mapping[int, tuple[Tensor, Tensor]], where: str) -> StitchedOverlay:
+        """This overlay with ``changes`` (kernel table -> (sorted local row ids, kernel rows)) on top; a new
+        version, prepared beside serving (``activate`` makes its row map the served one). PackageError
+        naming ``where`` on rows of the wrong width."""
+        layout, log = self.layout, self.log
+        new = {}
+        for t, (ids, rows) in changes.items():
+            if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != layout.row_bytes[t]:
+                raise PackageError(
+                    f"{where}: table {t}: rows must be uint8 [n, {layout.row_bytes[t]}], got {rows.dtype} "
+                    f"{tuple(rows.shape)}"
+                )
+            new[t] = (ids.long().cpu(), rows.cpu())
+        fresh = 0  # rows changed for the first time since the base (an unchanged row maps to itself)
+        for t, (ids, _) in new.items():
+            table_map = self._map_of(t)
+            fresh += ids.numel() if table_map is None else int((table_map[ids].long() == ids).sum())
+        adding = sum(ids.numel() for ids, _ in new.values())
+        fits = all(log.used[t] + ids.numel() <= log.stitched.capacity[t] for t, (ids, _) in new.items())
+        if not fits or sum(log.used) + adding > 2 * (self.num_rows + fresh) + _SLACK_ROWS:
+            return self._compacted(new)
+        stitched_rows = {}
+        for t, (ids, rows) in new.items():  # fresh slots: no version reads them yet
+            first, n = log.used[t], ids.numel()
+            log.stitched.slots(t, first, n)[:, : rows.shape[1]].copy_(rows)
+            log.used[t] += n
+            stitched_rows[t] = torch.arange(first, first + n, dtype=torch.int64) + log.stitched.first_slot[t]
+        if any(self._map_of(t) is None for t in new):  # a table's first change: a new map, built here
+            maps = {t: m.clone() for t in range(len(layout.widths)) if (m := self._map_of(t)) is not None}
+            for t, (ids, _) in new.items():
+                maps.setdefault(t, torch.arange(layout.num_rows[t], dtype=log.remap.dtype))
+                maps[t][ids] = stitched_rows[t].to(maps[t].dtype)
+            return self._on(layout, log.stitched, log.used, maps, self.num_rows + fresh)
+        positions = torch.cat([ids + int(log.remap_offsets[t]) for t, (ids, _) in new.items()])
+        values = torch.cat(list(stitched_rows.values())).to(log.remap.dtype)
+        return dataclasses.replace(self, pending=(positions, values), num_rows=self.num_rows + fresh)
+
+    def activate(self) -> None:
+        """Make this version's row map the served one: the scatter of its new rows into the shared map,
+        between batches (``use_overlays``); idempotent."""
+        if self.pending is not None:
+            self.log.remap.index_copy_(0, *self.pending)
+
+    def _compacted(self, new: Mapping[int, tuple[Tensor, Tensor]]) -> StitchedOverlay:
+        """The live rows (``new`` over the current ones) copied into a new range with a new row map: the
+        old range is unmapped with the last version that reads it."""
+        layout, old = self.layout, self.log.stitched
+        source = backing_file(layout.base)
+        if source is None:
+            raise PackageError("the base package's table file is gone; cannot apply more deltas to it")
+        stitched = _stitch(layout, source)
+        used, maps = [0] * len(layout.widths), {}
+        for t in range(len(layout.widths)):
+            table_map = self._map_of(t)
+            if table_map is None and t not in new:
+                continue
+            base_rows = torch.arange(layout.num_rows[t], dtype=torch.int64)
+            table_map = base_rows if table_map is None else table_map.long()
+            kept = (table_map != base_rows).nonzero().squeeze(1)
+            ids, rows = [kept], [old.rows(t, table_map[kept])]
+            if t in new:
+                ids[0] = kept[~torch.isin(kept, new[t][0])]
+                rows[0] = old.rows(t, table_map[ids[0]])
+                ids.append(new[t][0])
+                rows.append(torch.nn.functional.pad(new[t][1], (0, old.widths[t] - new[t][1].shape[1])))
+            live = torch.cat(ids)
+            stitched.slots(t, 0, live.numel()).copy_(torch.cat(rows))
+            used[t] = live.numel()
+            base_rows[live] = torch.arange(live.numel(), dtype=torch.int64) + stitched.first_slot[t]
+            maps[t] = base_rows
+        return self._on(layout, stitched, used, maps, sum(used))
+
+    def lookup(
+        self,
+        tbe: IntNBitTableBatchedEmbeddingBagsCodegen,
+        indices: Tensor,
+        offsets: Tensor,
+        per_sample_weights: Tensor | None,
+    ) -> Tensor:
+        """``tbe(indices, offsets, per_sample_weights)`` with the overlay's rows in place of the base's."""
+        if indices.numel() == 0 or self.num_rows == 0:
+            return tbe(indices, offsets, per_sample_weights)
+        if self.wide and indices.dtype != torch.int64:
+            indices, offsets = indices.long(), offsets.long()
+        features = self.layout.feature_tables.numel()
+        bounds = offsets[:: (offsets.numel() - 1) // features]  # where each feature's ids start, and the end
+        table_starts = bounds[list(self.layout.first_feature)]
+        log = self.log
+        rows = torch.ops.fbgemm.pruned_array_lookup(indices, table_starts, log.remap, log.remap_offsets)
+        return _run(tbe, log.stitched.buffer, self.feature_offsets, rows, offsets, per_sample_weights)
+
+
+_LOG_ROWS_PER_ROW = 2  # a table's log holds twice its rows (address space only; untouched pages cost nothing)
+
+
+def _stitch(layout: KernelLayout, source: BackingFile) -> Stitched:
+    """A new range for ``layout``'s tables, each with a log of ``_LOG_ROWS_PER_ROW`` times its rows: a
+    compacted log (at most one row per base row) always fits, and deltas append for a long while before
+    the next compaction (whose cost is the live rows, on the preparing thread)."""
+    rows = list(layout.num_rows)
+    capacity = [_LOG_ROWS_PER_ROW * n for n in rows]
+    return Stitched.build(source, list(layout.offsets), rows, list(layout.widths), capacity)
+
+
+def _newest(keys: list[Tensor], values: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The union of ``keys`` (each unique), sorted, with the value of the last list holding each key."""
+    all_keys, all_values = torch.cat(keys), torch.cat(values)
+    order = torch.argsort(all_keys, stable=True)
+    sorted_keys = all_keys[order]
+    last = torch.ones_like(sorted_keys, dtype=torch.bool)
+    last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+    return sorted_keys[last], all_values[order[last]]
 
 
 def _padded(rows: Tensor, row_bytes: int, group: _Group, where: str) -> Tensor:

@@ -82,6 +82,18 @@ def metadata_for(
     )
 
 
+@dataclass(frozen=True)
+class PreparedDelta:
+    """A delta made ready to serve (``Predictor.prepare_delta``) on top of version ``prepared_at``."""
+
+    prepared_at: StreamPosition
+    position: StreamPosition
+    overlays: list
+    dense: list[tuple[Tensor, Tensor]]
+    num_rows: int
+    seconds: float
+
+
 class Predictor:
     """A serving model: quantized lookups on their devices plus the dense part, behind ``predict``."""
 
@@ -133,33 +145,49 @@ class Predictor:
         return self._lookups.overlay_bytes
 
     def apply_delta(self, delta: Delta) -> None:
-        """Serve ``delta`` (from ``read_delta``) on top of what is served: its changed rows join the
-        per-worker overlay, its dense state is copied into the dense part. PackageError, with nothing
-        changed, unless it is the next delta of this base and fits this model. Callers run no predict at
-        the same time.
+        """Serve ``delta`` (from ``read_delta``) on top of what is served: ``commit(prepare_delta(delta))``.
+        PackageError, with nothing changed, unless it is the next delta of this base and fits this model.
+        Callers run no predict at the same time."""
+        self.commit(self.prepare_delta(delta))
 
-        Everything is checked and prepared first (overlays merged into new tensors, dense values converted),
-        then swapped in by assignments and copies that cannot fail, so a predict sees the old model or the
-        new one, and a refused delta leaves the predictor as it was.
-        """
+    def prepare_delta(self, delta: Delta) -> PreparedDelta:
+        """Everything applying ``delta`` takes, done beside serving: checks, the kernels' next overlays
+        (changed rows written and indexed), the dense values converted. Nothing served changes; ``commit``
+        swaps it in. PackageError unless it is the next delta of this base and fits this model.
+
+        Predicts may run meanwhile; only one delta is prepared at a time (the follower's thread)."""
         started = time.perf_counter()
         position = self._position.after(delta)
         check_rows(self._lookups.embedding_bag_configs(), delta)
         dense = prepare_dense(self.model, delta)
         overlays = self._lookups.overlays_with(delta.rows)
-        self._lookups.use_overlays(overlays)
-        copy_dense(dense)
-        self._position = position
+        return PreparedDelta(
+            self._position, position, overlays, dense, delta.num_rows, time.perf_counter() - started
+        )
+
+    def commit(self, prepared: PreparedDelta) -> list:
+        """Serve a prepared delta from the next batch on: a few assignments and the dense copy (which a
+        traced graph shares), nothing that can fail. Callers run no predict at the same time. Returns what
+        it replaced, for the caller to drop off the batch path (freeing a large overlay takes time)."""
+        if prepared.prepared_at != self._position:
+            raise PackageError(
+                f"delta {prepared.position.sequence} was prepared on version "
+                f"{prepared.prepared_at.version}, but {self.model_version} is served"
+            )
+        replaced = self._lookups.use_overlays(prepared.overlays)
+        copy_dense(prepared.dense)
+        self._position = prepared.position
         logger.info(
-            "applied delta %d of %s version %s (%d rows, step %s) in %.3f s; overlay %.1f MB",
-            delta.sequence,
+            "applied delta %d of %s version %s (%d rows, step %s; prepared in %.3f s); overlay %.1f MB",
+            prepared.position.sequence,
             self._metadata.model_name,
-            position.base_version,
-            delta.num_rows,
-            delta.step,
-            time.perf_counter() - started,
+            prepared.position.base_version,
+            prepared.num_rows,
+            prepared.position.step,
+            prepared.seconds,
             self.overlay_bytes / 1e6,
         )
+        return replaced
 
     @classmethod
     def build(

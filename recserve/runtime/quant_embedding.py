@@ -6,8 +6,8 @@ per-kernel inputs; ids of a row-wise shard are filtered to its row range and re-
 gathered on the output device and put in table order; partial sums of a split table are added (its MEAN
 pooling is done as SUM and divided by the whole bag length afterwards). Rows changed by model deltas since the
 package are served from a per-kernel overlay (``overlays_with`` prepares, ``use_overlays`` swaps in; see
-``overlay``): a kernel with changed rows runs over a per-batch compact table, the others read their rows in
-place.
+``overlay``): a kernel with changed rows reads them in place beside its mapped base rows (its ids remapped),
+the others read their rows as they are.
 """
 
 from __future__ import annotations
@@ -312,11 +312,16 @@ class QuantEmbeddingBagCollection(nn.Module):
         [n, row bytes]) on top of the current ones, prepared without changing anything (``use_overlays``)."""
         return [lookup.with_rows(rows) for lookup in self._lookups]
 
-    def use_overlays(self, overlays: Sequence[RowOverlay | None]) -> None:
-        """Serve the changed rows of ``overlays`` (from ``overlays_with``) from the next batch on."""
+    def use_overlays(self, overlays: Sequence[RowOverlay | None]) -> list[RowOverlay | None]:
+        """Serve the changed rows of ``overlays`` (from ``overlays_with``) from the next batch on; returns
+        the replaced ones (for the caller to free off the batch path)."""
         assert len(overlays) == len(self._lookups), "one overlay (or None) per kernel"
+        replaced = [lookup.overlay for lookup in self._lookups]
         for lookup, overlay in zip(self._lookups, overlays):
+            if overlay is not None and overlay is not lookup.overlay:
+                overlay.activate()
             lookup.overlay = overlay
+        return replaced
 
     @property
     def overlay_bytes(self) -> int:

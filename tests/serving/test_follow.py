@@ -186,7 +186,7 @@ def test_refused_deltas_are_counted_once_and_the_last_good_version_serves(tmp_pa
             assert refused(scrape(server), "invalid") == 1
             assert client.predict_response(*BATCH).model_version == "1.1"
             # The same delta written again (new files): read again, applied.
-            shutil.rmtree(bad)
+            shutil.rmtree(bad.rename(tmp_path / "removed"))  # gone at once, as the trainer retires folders
             write_delta(publish, "1", 2, step=102, rows=rows2, dense_state=dense2)
             assert wait_version(client, "1.2").model_version == "1.2"
             # Delta 4 before 3: refused (once) until 3 arrives, then both apply in order.
@@ -296,3 +296,20 @@ def test_a_follow_dir_without_a_base_refuses_to_start(tmp_path):
         running_server(None, follow=tmp_path, **FOLLOW),
     ):
         pass
+
+
+def test_a_server_starting_on_many_deltas_folds_them_into_one_apply(tmp_path, caplog):
+    training, publish = Training(), tmp_path / "publish"
+    publish.mkdir()
+    publish_base(training, publish, "1")
+    for seq in range(1, 51):
+        publish_delta(training, publish, "1", seq)
+    caplog.set_level(logging.INFO, logger="recserve.runtime.predictor")
+    with running_server(None, follow=publish, **FOLLOW) as server:
+        resp = PredictorClient(f"127.0.0.1:{server.port}").predict_response(*BATCH)
+        metrics = scrape(server)
+    assert resp.model_version == "1.50"
+    assert torch.equal(scores_of(resp), reference_scores(training, tmp_path))  # latest row won, each verified
+    assert metrics["recserve_model_deltas_applied_total"][()] == 50
+    applied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("applied delta")]
+    assert len(applied) == 1 and applied[0].startswith("applied delta 50 ")

@@ -19,11 +19,16 @@ from recserve.export.sources import CheckpointSource
 from recserve.runtime.delta import list_stream, read_delta
 from recserve.runtime.package import read_manifest
 from recserve.runtime.predictor import Predictor
+from rectrain.checkpoint import read_manifest as read_checkpoint_manifest
 from rectrain.distributed import ShardingEnv
 from rectrain.train.config import RunConfig
 from rectrain.train.job import TrainJob
 from rectrain.train.touched import TouchedRows
 from tests.distributed.multiprocess import run_multiprocess
+from tests.train.test_follow_job import _overrides as follow_overrides
+from tests.train.test_follow_job import _train_and_record as train_and_record
+from tests.train.test_follow_job import write_counted
+from tests.train.test_job import EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ", ".join(
@@ -192,3 +197,44 @@ def test_a_kill_during_publishing_leaves_only_complete_deltas_and_the_restart_co
 
 def _latest_step(tmp_path: Path) -> int:
     return int((tmp_path / "ckpt" / "latest").read_text().strip().removeprefix("step_"))
+
+
+@pytest.mark.slow
+def test_a_kill_9_of_a_following_trainer_then_a_restart_trains_every_arriving_row_once(tmp_path):
+    """``kill -9`` of a trainer that follows a counted stream and publishes every step: only complete deltas
+    are visible, and the restart resumes from its last checkpoint so that, along the checkpoints, every row
+    is trained exactly once (the rows the killed run trained after it are trained again, once)."""
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    write_counted(incoming, "f000.tsv", range(0, 400))
+    publish = tmp_path / "publish"
+    options = [
+        f'publish.dir="{publish}"',
+        "publish.every_seconds=0.000001",  # every step
+        "publish.base_every=4",
+        "publish.max_auc_drop=1.0",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep_last=2",
+    ]
+    first = follow_overrides(tmp_path, "run1.jsonl", *options)
+    command = [sys.executable, "-m", "rectrain", "train", "--config", str(EXAMPLES / "dlrm_criteo.toml")]
+    command += ["--no-progress", *[arg for o in first for arg in ("--set", o)]]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(publish.glob("*-deltas/*"))) < 3:
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-2000:]
+            time.sleep(0.01)
+        process.kill()
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    _followed(publish)  # every visible delta verifies and applies in sequence
+    resumed_at = read_checkpoint_manifest(tmp_path / "ckpt").extra["examples"]
+    second = follow_overrides(tmp_path, "run2.jsonl", *options, "data.follow_idle_stop_s=1.5")
+    assert train_and_record(None, second) == list(range(resumed_at, 400))
+    assert read_checkpoint_manifest(tmp_path / "ckpt").extra["examples"] == 400
+    _, step, _ = _followed(publish)
+    assert step == _latest_step(tmp_path)  # the restart's stream reaches its last step

@@ -6,9 +6,12 @@ changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one
 1. asks the :class:`~recserve.server.operations.reload.Reloader` to swap in a newer base, as ``--watch``
    does; the reloader's load function is :meth:`Follower.load`, so the new base is loaded beside the serving
    one and catches up on its deltas before it serves (so does the first base, at start);
-2. reads and verifies the next delta of the serving base (``read_delta``: checksums, base, sequence, dtypes)
-   on this thread, off the batch path, then applies it in the runner's turn between two batches
-   (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version.
+2. reads and verifies the next deltas of the serving base (``read_delta``: checksums, base, sequence,
+   dtypes), as many as are complete (a server starting on a base with many deltas, or one catching up,
+   folds them into one: latest row wins), prepares the next version on this thread beside serving
+   (``Predictor.prepare_delta``), then swaps it in in the runner's turn between two batches
+   (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version and the
+   batch path waits only for the swap.
 
 ``apply_delta`` keeps the changed rows in a per-worker overlay: the tables the workers map from the base's
 files are never written or copied here.
@@ -27,6 +30,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,15 +146,19 @@ class Follower:
                 pass
 
     def _apply_next(self, runner: ModelRunner) -> bool:
-        """Reads, verifies and applies the delta after the version ``runner`` serves; False when there is
-        none to apply now (none yet, refused, or vanished)."""
+        """Reads and verifies the deltas after the version ``runner`` serves, as many as are there in
+        order, folds them into one (latest row wins) and applies that; False when there is none to apply
+        now (none yet, refused, or vanished)."""
         base = self._base(runner)
         if base is None:
             return False
         deltas = deltas_of(self._dir, base.version)
         expected = next_sequence(runner.version)
-        path = deltas.get(expected)
-        if path is None:
+        if expected not in deltas and any(s > expected for s in deltas):
+            # A listing may miss a folder renamed into place while it ran (readdir leaves that open) and
+            # still see a later one: look again before calling it a gap.
+            deltas = deltas_of(self._dir, base.version)
+        if expected not in deltas:
             later = sorted(s for s in deltas if s > expected)
             if later:
                 path = deltas[later[0]]
@@ -163,31 +171,59 @@ class Follower:
                     runner,
                 )
             return False
-        stamp = files_stamp(path)
-        if stamp is None or self._refused.get(path) == (stamp, expected):
-            return False
-        from recserve.runtime.delta import read_delta
+        from recserve.runtime.delta import fold_deltas
 
-        try:
-            delta = read_delta(path, base.manifest, base.manifest_sha256, expected)
-        except (FileNotFoundError, PackageError) as error:
-            if files_stamp(path) is None:
-                return False  # retired while read: the next scan sees the new base
-            if not isinstance(error, PackageError):
-                raise
-            self._refuse(path, expected, _reason(path, base, expected), str(error), runner, stamp)
+        read, stamps, sequence = [], [], expected
+        while sequence in deltas:
+            path = deltas[sequence]
+            got = self._read(path, base, sequence, runner)
+            if got is None:
+                break
+            read.append(got[0])
+            stamps.append((path, got[1]))
+            sequence += 1
+        if not read:
             return False
+        folded = fold_deltas(read)
+        del read
+        path, stamp = stamps[-1]
         try:
-            runner.between_batches(lambda: runner.predictor.apply_delta(delta))
+            # Prepared here, beside serving (overlays merged and indexed, dense converted); only the swap
+            # runs in the runner's turn, and what it replaced is freed here, after the turn.
+            prepared = runner.predictor.prepare_delta(folded)
+            replaced = runner.between_batches(partial(runner.predictor.commit, prepared))
         except Exception as error:  # verified, yet the predictor would not take it: keep the last version
             self._refuse(path, expected, "apply", f"{path}: could not be applied ({error})", runner, stamp)
             return False
-        self._metrics.deltas_applied.inc()
+        del replaced, prepared
+        self._metrics.deltas_applied.inc(len(stamps))
         self._metrics.model_state(runner.step, runner.wall_time)
         logger.debug(
-            "applied %s: serving %s %s (step %s)", path, runner.schema.model_name, runner.version, runner.step
+            "applied %s (%d deltas): serving %s %s (step %s)",
+            path,
+            len(stamps),
+            runner.schema.model_name,
+            runner.version,
+            runner.step,
         )
         return True
+
+    def _read(self, path: Path, base: _Base, sequence: int, runner: ModelRunner):
+        """``(verified delta, its stamp)``, or None when it was refused (counted once) or vanished."""
+        stamp = files_stamp(path)
+        if stamp is None or self._refused.get(path) == (stamp, sequence):
+            return None
+        from recserve.runtime.delta import read_delta
+
+        try:
+            return read_delta(path, base.manifest, base.manifest_sha256, sequence), stamp
+        except (FileNotFoundError, PackageError) as error:
+            if files_stamp(path) is None:
+                return None  # retired while read: the next scan sees the new base
+            if not isinstance(error, PackageError):
+                raise
+            self._refuse(path, sequence, _reason(path, base, sequence), str(error), runner, stamp)
+            return None
 
     def _base(self, runner: ModelRunner) -> _Base | None:
         """``runner``'s base as its deltas must name it; None when its manifest is gone (retired)."""
