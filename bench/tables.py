@@ -36,6 +36,12 @@ TABLES: dict[str, list[str]] = {
         "train throughput publishing / not",
     ],
     "delta_overlay": ["overlay vs plain lookups", "overlay vs plain predict"],
+    "larger_than_memory": [
+        "capped / uncapped train throughput zipf",
+        "capped / uncapped train throughput uniform",
+        "capped / uncapped serve p99 zipf",
+        "oom kills",
+    ],
 }
 
 
