@@ -173,7 +173,8 @@ def plan_memory(
         raise MemoryPlanError(
             f"the tables do not fit in memory even on disk: a rank needs {need / GB:.2f} GB (fixed "
             f"{fixed_bytes / GB:.2f} GB, RAM tables {in_ram / GB:.2f} GB, disk caches at "
-            f"{min_cache_fraction:.0%} of {on_disk / GB:.2f} GB) but its budget is {budget_bytes / GB:.2f} GB "
+            f"{min_cache_fraction:.0%} of {on_disk / GB:.2f} GB) but its budget is "
+            f"{budget_bytes / GB:.2f} GB "
             f"({source})"
         )
     left = max(0, free)
