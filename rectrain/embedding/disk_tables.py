@@ -114,6 +114,9 @@ class _Mapping:
             self.map = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        # A step reads scattered rows: the kernel's read-around on a fault (32 pages) would fill the cache
+        # with neighbours no batch asked for and evict the hot rows; one page per fault is the right read.
+        self.map.madvise(mmap.MADV_RANDOM)
         self.nbytes = nbytes
         self.tensor = (
             torch.frombuffer(self.map, dtype=dtype, count=numel) if numel else torch.empty(0, dtype=dtype)
