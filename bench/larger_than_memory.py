@@ -237,6 +237,7 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--dir", default=None, help="work directory on the disk to measure (default: tmp)")
     parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument("--id-kinds", default="zipf,uniform", help="which id distributions to train on")
     # Worker-only arguments.
     parser.add_argument("--worker", choices=["train", "serve"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -269,7 +270,8 @@ def main() -> int:
     oom = 0
     try:
         throughput: dict[tuple[str, str], float] = {}
-        for ids in ("zipf", "uniform"):
+        kinds = args.id_kinds.split(",")
+        for ids in kinds:
             for capped in (False, True):
                 cap = MemoryCap.create(f"rectrain-ltm-{os.getpid()}", cap_bytes) if capped else None
                 storage = "disk" if capped else "ram"
@@ -290,7 +292,7 @@ def main() -> int:
                 value = sum(r["examples_per_s"] for r in done) if len(done) == args.ranks else 0.0
                 throughput[(ids, label)] = value
                 print(f"{label} train throughput {ids} examples/s {value:.0f}", flush=True)
-        for ids in ("zipf", "uniform"):
+        for ids in kinds:
             ratio = throughput[(ids, "capped")] / max(throughput[(ids, "uncapped")], 1e-9)
             print(f"capped / uncapped train throughput {ids} {ratio:.3f}", flush=True)
 
