@@ -89,3 +89,25 @@ def test_kill_mid_step_leaves_the_last_checkpoint_loadable(tmp_path: Path, disk_
     reference_optimizer = disk_common.make_optimizer(reference)
     disk_common.train(reference, reference_optimizer, range(2))
     _assert_same(common.capture(loaded, loaded_optimizer), common.capture(reference, reference_optimizer))
+
+
+def _sharded_run(env, storage: str, tables_dir: str) -> dict:
+    """Two ranks, t0 table-wise, t1 row-wise, t2 column-wise; t0 and t1 on disk (their shards mapped)."""
+    disk_tables.configure(disk_tables.DiskTablesSettings(dir=tables_dir, cache_bytes=disk_common.CACHE))
+    model = common.shard(disk_common.build(storage), env, "tw_rw_cw")
+    optimizer = common.make_optimizer(model)
+    common.train(model, optimizer, range(3), env.rank)
+    mapped = len(list(Path(tables_dir).rglob("*.weights")))
+    captured = common.capture(model, optimizer)
+    return {"pieces": captured["pieces"], "dense": captured["dense"], "mapped": mapped}
+
+
+@pytest.mark.slow  # two spawned ranks, twice
+def test_sharded_disk_tables_train_like_ram(tmp_path: Path) -> None:
+    from tests.distributed.multiprocess import run_multiprocess
+
+    ram = run_multiprocess(_sharded_run, 2, "ram", str(tmp_path / "ram"), timeout=400)
+    disk = run_multiprocess(_sharded_run, 2, "disk", str(tmp_path / "disk"), timeout=400)
+    assert [r["mapped"] for r in ram] == [0, 0] and all(r["mapped"] >= 1 for r in disk)
+    for a, b in zip(ram, disk):
+        _assert_same(a, b)
