@@ -43,6 +43,12 @@ TABLES: dict[str, list[str]] = {
         "ann recall@100",
         "index build s",
     ],
+    "larger_than_memory": [
+        "capped / uncapped train throughput zipf",
+        "capped / uncapped train throughput uniform",
+        "capped / uncapped serve p99 zipf",
+        "oom kills",
+    ],
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rectrain.embedding.disk_tables import check_storage
 from rectrain.errors import ConfigError
 
 
@@ -86,6 +87,10 @@ class BaseEmbeddingConfig:
     # planner refuses to plan a virtual table (it runs no key-value kernel).
     total_num_buckets: int | None = None
     use_virtual_table: bool = False
+    # rectrain's field: where the rows and their fused optimizer state live while training: "ram", or "disk"
+    # (files on local disk mapped into memory, the page cache as the hot-row cache; CPU only; see
+    # rectrain.embedding.disk_tables and docs/disk-tables.md). Results are the same either way.
+    storage: str = "ram"
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}" if self.name else "embedding config"
@@ -98,6 +103,7 @@ class BaseEmbeddingConfig:
             raise ConfigError(f"{where}: embedding_dim must be a positive int, got {self.embedding_dim!r}")
         if isinstance(self.data_type, str):
             self.data_type = DataType(self.data_type.upper())
+        self.storage = check_storage(self.storage, where)
         self.feature_names = list(self.feature_names)
         if not self.feature_names and self.name:
             # TorchRec requires feature_names; defaulting to the table name saves boilerplate for 1:1 tables.

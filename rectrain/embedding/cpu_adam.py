@@ -30,11 +30,21 @@ class CpuAdamLookup(FusedUpdateLookup):
     Args:
         tbe: a CPU TBE (``EmbeddingLocation.HOST``); only its weights and forward kernel are used.
         config: lr, betas, eps and weight_decay of the update; ``lr`` may be changed later via ``self.lr``.
+        moments: zero-filled ``exp_avg`` and ``exp_avg_sq`` buffers to use (default: allocated here).
     """
 
-    def __init__(self, tbe: SplitTableBatchedEmbeddingBagsCodegen, config: FusedOptimizerConfig) -> None:
+    def __init__(
+        self,
+        tbe: SplitTableBatchedEmbeddingBagsCodegen,
+        config: FusedOptimizerConfig,
+        moments: tuple[Tensor, Tensor] | None = None,
+    ) -> None:
         super().__init__(tbe)
-        self.state = SparseAdamState.zeros(tbe.weights_host, self.layout)
+        if moments is None:
+            self.state = SparseAdamState.zeros(tbe.weights_host, self.layout)
+        else:  # zero-filled buffers shaped like the weights, e.g. mapped files of a disk table
+            step = torch.zeros(self.layout.num_tables, dtype=torch.int64)
+            self.state = SparseAdamState(exp_avg=moments[0], exp_avg_sq=moments[1], step=step)
         self.lr = config.lr
         self.betas = (config.beta1, config.beta2)
         self.eps = config.eps

@@ -95,7 +95,7 @@ class EmbeddingBagCollection(nn.Module):
             self._init_dense()
             return
         groups = group_tables(
-            self._embedding_bag_configs, key=lambda t: (self._kernel_pooling(t), t.data_type)
+            self._embedding_bag_configs, key=lambda t: (self._kernel_pooling(t), t.data_type, t.storage)
         )
         self.embedding_bags = FusedTables(
             self._embedding_bag_configs,

@@ -69,7 +69,9 @@ class EmbeddingCollection(nn.Module):
         if fused_optimizer is None:
             self._init_dense()
             return
-        groups = group_tables(self._embedding_configs, key=lambda t: (t.embedding_dim, t.data_type))
+        groups = group_tables(
+            self._embedding_configs, key=lambda t: (t.embedding_dim, t.data_type, t.storage)
+        )
         self.embeddings = FusedTables(
             self._embedding_configs,
             groups,

@@ -34,6 +34,7 @@ from rectrain.embedding.config import (
     PoolingType,
 )
 from rectrain.embedding.cpu_adam import CpuAdamLookup
+from rectrain.embedding.disk_tables import DiskBuffers
 from rectrain.embedding.native_backward import NativeFusedLookup, use_native_backward
 from rectrain.errors import ConfigError
 
@@ -112,11 +113,13 @@ class FusedTableBatch:
         precisions_used = next(iter(precisions))
         cpu_adam = optimizer.optimizer is EmbOptimType.ADAM and device.type == "cpu"
         location, compute_device = _placement(device)
+        fbgemm_optimizer = FbgemmOptimType.EXACT_SGD if cpu_adam else _FBGEMM_OPTIMIZERS[optimizer.optimizer]
+        self.disk = _disk_buffers(self.tables, device, fbgemm_optimizer, cpu_adam)
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
             [(t.num_embeddings, kernel_dim(t.embedding_dim), location, compute_device) for t in self.tables],
             feature_table_map=[i for i, t in enumerate(self.tables) for _ in t.feature_names],
             # The CPU Adam path updates weights itself; the TBE then only stores weights and runs forward.
-            optimizer=FbgemmOptimType.EXACT_SGD if cpu_adam else _FBGEMM_OPTIMIZERS[optimizer.optimizer],
+            optimizer=fbgemm_optimizer,
             learning_rate=optimizer.lr,
             eps=optimizer.eps,
             beta1=optimizer.beta1,
@@ -131,6 +134,11 @@ class FusedTableBatch:
             weights_precision=precisions.pop(),
             output_dtype=SparseType.FP32,
             table_names=[t.name for t in self.tables],
+            preallocated_host_buffers=(
+                None
+                if self.disk is None
+                else {k: v for k, v in self.disk.tensors().items() if k in _TBE_BUFFERS}
+            ),
         )
         if device.type == "cpu" and optimizer.weight_decay > 0 and not cpu_adam:
             # Measured on fbgemm-gpu-cpu 1.8: its CPU SGD, Adagrad and row-wise Adagrad updates are
@@ -143,7 +151,10 @@ class FusedTableBatch:
                 optimizer.optimizer.value,
                 [t.name for t in self.tables],
             )
-        self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
+        moments = (
+            None if self.disk is None or not cpu_adam else (self.disk["exp_avg"], self.disk["exp_avg_sq"])
+        )
+        self._cpu_adam = CpuAdamLookup(self.tbe, optimizer, moments) if cpu_adam else None
         native = not cpu_adam and use_native_backward(optimizer, device, precisions_used)
         self._native = NativeFusedLookup(self.tbe, optimizer) if native else None
         self._columns = _unpadded_columns(self.tables, pooling, device)
@@ -157,6 +168,8 @@ class FusedTableBatch:
 
     def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
         """Pooled ``[batch, sum of feature dims]`` (or, unpooled, ``[num ids, dim]``) embeddings."""
+        if self.disk is not None:
+            self.disk.trim()  # between steps: no kernel is touching the mapped rows
         try:
             if torch.is_inference_mode_enabled():
                 # FBGEMM's training lookup is registered only with an autograd kernel, which inference mode
@@ -228,6 +241,39 @@ class FusedTableBatch:
 
     def get_learning_rate(self) -> float:
         return self._cpu_adam.lr if self._cpu_adam is not None else self.tbe.get_learning_rate()
+
+
+_TBE_BUFFERS = ("weights", "momentum1", "momentum2")
+
+
+def _disk_buffers(
+    tables: Sequence[BaseEmbeddingConfig],
+    device: torch.device,
+    fbgemm_optimizer: FbgemmOptimType,
+    cpu_adam: bool,
+) -> DiskBuffers | None:
+    """Mapped files for the weight and optimizer-state buffers of a TBE over disk tables (None: RAM tables).
+
+    Sizes are FBGEMM's host split sizes (``construct_split_state``): rows x kernel width per table, one value
+    per row for row-wise state; FBGEMM checks them when it takes the buffers."""
+    kinds = {t.storage for t in tables}
+    assert len(kinds) == 1, "tables of one TBE must share a storage (see the collections' group keys)"
+    if kinds.pop() != "disk":
+        return None
+    names = [t.name for t in tables]
+    if device.type != "cpu":
+        raise ConfigError(f"tables {names}: storage 'disk' runs on CPU only; these are built on {device}")
+    elements = sum(t.num_embeddings * kernel_dim(t.embedding_dim) for t in tables)
+    rows = sum(t.num_embeddings for t in tables)
+    dtype = torch.float16 if tables[0].data_type is DataType.FP16 else torch.float32
+    sizes = {"weights": (elements, dtype)}
+    if fbgemm_optimizer is FbgemmOptimType.EXACT_ROWWISE_ADAGRAD:
+        sizes["momentum1"] = (rows, torch.float32)
+    elif fbgemm_optimizer is FbgemmOptimType.EXACT_ADAGRAD:
+        sizes["momentum1"] = (elements, torch.float32)
+    if cpu_adam:
+        sizes["exp_avg"] = sizes["exp_avg_sq"] = (elements, dtype)
+    return DiskBuffers("+".join(names), sizes)
 
 
 def _unpad(tensor: Tensor, table: BaseEmbeddingConfig) -> Tensor:

@@ -25,6 +25,9 @@ _TABLE_KEYS = {
     "data_type": str,
     "weight_init_max": float,
     "weight_init_min": float,
+    # Where the table trains (rectrain.embedding.disk_tables): "ram" (default) or "disk". A placement, like
+    # sharding: it is not written back by to_dict, so a model's identity (checkpoint, package) is the same.
+    "storage": str,
 }
 _REQUIRED_TABLE_KEYS = ("name", "num_embeddings", "embedding_dim")
 

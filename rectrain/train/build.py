@@ -24,6 +24,7 @@ from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, ShardingPlan, Topology
 from rectrain.train.config import RunConfig
 from rectrain.train.schedule import clip_before_step
+from rectrain.train.table_storage import place_tables
 
 _GIB = 1024**3
 
@@ -174,6 +175,7 @@ def dense_optimizer(config: RunConfig, params: list[nn.Parameter]) -> torch.opti
 
 def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
     """The model sharded over ``env``'s process group (or unsharded without one) and its optimizer."""
+    config = place_tables(config, env, fused_optimizer_config(config))  # RAM or disk, before allocating
     device = resolve_device(config, env)
     sharded = env is not None and env.pg is not None
     # Unsharded, the tables are built where they train. Sharded, they are only described (meta device) and

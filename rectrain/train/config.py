@@ -126,6 +126,10 @@ class PlannerConfig:
 
     ``ddr_cap_gb`` / ``hbm_cap_gb``: memory per rank (default: detected). ``sharding_types``: the types the
     planner may choose for every table (default: all).
+
+    ``memory_plan``: place each table in RAM or on disk (``storage``) within a rank's memory budget,
+    ``memory_budget_gb`` (default: the host's cgroup limit, else MemAvailable, shared among its ranks), of
+    which ``fixed_memory_gb`` is kept for everything but the tables (``rectrain.planner.memory_budget``).
     """
 
     plan_file: str | None = None
@@ -134,6 +138,9 @@ class PlannerConfig:
     hbm_cap_gb: float | None = field(default=None, metadata=positive())
     sharding_types: list[str] | None = None
     max_search_evaluations: int = field(default=256, metadata=positive())
+    memory_plan: bool = False
+    memory_budget_gb: float | None = field(default=None, metadata=positive())
+    fixed_memory_gb: float = field(default=0.5, metadata=non_negative())
 
 
 @dataclass
@@ -150,6 +157,11 @@ class TrainConfig:
     100,000 or one batch of every rank, whichever is more) at every ``log_every`` step
     (``rectrain.train.progressive``). ``metrics_port``: rank 0 serves Prometheus metrics (``rectrain_step``,
     ``rectrain_progressive_auc``, ...) on this port.
+
+    ``disk_tables_dir``: where tables with ``storage = "disk"`` keep their working files (default
+    ``$RECTRAIN_DISK_TABLES_DIR``, else ``<tmp>/rectrain-disk-tables``; local disk). ``disk_cache_mb``:
+    resident megabytes each disk kernel may keep before its pages are written back and dropped (default: no
+    bound of its own; the page cache under the process's memory cap is the cache). See docs/disk-tables.md.
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -168,6 +180,8 @@ class TrainConfig:
     progressive: bool | None = None
     progressive_window: int | None = field(default=None, metadata=positive())
     metrics_port: int | None = field(default=None, metadata=positive())
+    disk_tables_dir: str | None = None
+    disk_cache_mb: float | None = field(default=None, metadata=non_negative())
 
 
 @dataclass

@@ -168,7 +168,9 @@ def check_memory(
     # The optimizer each collection's sharded tables train with (``collection_optimizers``); as the planner
     # does, the largest state per row is the safe estimate.
     optimizer = max(optimizers.values(), key=lambda config: config.state_floats_per_row(128))
-    tables = {path: _tables_of(c) for path, c in collections.items()}
+    # Disk tables (``storage = "disk"``) live in mapped files, reclaimable page cache: not a rank's private
+    # memory (``rectrain.planner.memory_budget`` plans their cache).
+    tables = {path: [t for t in _tables_of(c) if t.storage != "disk"] for path, c in collections.items()}
     memory = rank_memory(plan, tables, optimizer, batch_size or BATCH_SIZE, dense)
     capacity = [topology.capacity(r) for r in range(topology.world_size)]
     check_fits(memory, capacity, "the sharding plan does not fit this machine")

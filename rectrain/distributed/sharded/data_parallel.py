@@ -79,7 +79,7 @@ class DataParallelTables(nn.Module):
     ) -> None:
         super().__init__()
         self.env = env
-        groups = group_tables(list(tables), key=lambda t: t.pooling)
+        groups = group_tables(list(tables), key=lambda t: (t.pooling, t.storage))
         self.tables = FusedTables(
             list(tables),
             groups,

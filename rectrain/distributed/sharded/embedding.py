@@ -103,7 +103,7 @@ class ShardedEmbeddingCollection(nn.Module):
             )
         self.routing = build_sequence_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
-        groups = group_tables(local_tables, key=lambda t: (t.embedding_dim, t.data_type))
+        groups = group_tables(local_tables, key=lambda t: (t.embedding_dim, t.data_type, t.storage))
         self.embeddings = (
             FusedTables(
                 local_tables, groups, [PoolingMode.NONE] * len(groups), optimizer, device, prefix="embeddings"

@@ -14,6 +14,7 @@ its rows as the gradient reaches it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import groupby
 
 import torch
 from torch import Tensor, nn
@@ -83,12 +84,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
         local_tables = list(self.routing.shard_tables[env.rank])
         if len({t.data_type for t in tables}) > 1:
             raise ConfigError("a sharded EmbeddingBagCollection needs one data_type for all its tables")
-        # All shards pool SUM (see routing), so one kernel holds every shard of this rank.
+        # All shards pool SUM (see routing), so one kernel holds every shard of this rank; a change of storage
+        # (RAM / disk) starts another, over the next contiguous run of shards (``lookup`` reads runs).
+        runs = [
+            list(group)
+            for _, group in groupby(range(len(local_tables)), key=lambda i: local_tables[i].storage)
+        ]
         self.embedding_bags = (
             FusedTables(
                 local_tables,
-                [list(range(len(local_tables)))],
-                [pooling_mode(PoolingType.SUM)],
+                runs,
+                [pooling_mode(PoolingType.SUM)] * len(runs),
                 optimizer,
                 device,
                 prefix="embedding_bags",

@@ -69,7 +69,7 @@ class SequenceDataParallel(nn.Module):
     ) -> None:
         super().__init__()
         self.env = env
-        groups = group_tables(list(tables), key=lambda t: (t.embedding_dim, t.data_type))
+        groups = group_tables(list(tables), key=lambda t: (t.embedding_dim, t.data_type, t.storage))
         self.tables = FusedTables(
             list(tables), groups, [PoolingMode.NONE] * len(groups), optimizer, device, prefix="embeddings"
         )

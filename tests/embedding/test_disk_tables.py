@@ -1,0 +1,137 @@
+"""Disk tables (``storage = "disk"``): training on mapped files is bitwise the training in RAM, with the
+tables far larger than their forced-small cache; files, cache bound and refusals."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+
+from rectrain.embedding import EmbeddingBagCollection, EmbeddingCollection, disk_tables
+from rectrain.embedding.config import EmbeddingBagConfig, EmbeddingConfig, FusedOptimizerConfig, PoolingType
+from rectrain.embedding.disk_tables import DiskTablesSettings
+from rectrain.embedding.table_batch import FusedTableBatch
+from rectrain.errors import ConfigError
+from tests.embedding.reference import random_batch
+
+CACHE = 8 * 4096  # 32 KiB of resident pages per kernel, against tables of 128 KiB and more
+STEPS = 6
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path) -> Iterator[Path]:
+    before = disk_tables.settings()
+    disk_tables.configure(DiskTablesSettings(dir=str(tmp_path), cache_bytes=CACHE))
+    yield tmp_path
+    disk_tables.configure(before)
+
+
+def _tables(storage: str) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name="big", num_embeddings=8192, embedding_dim=16, feature_names=["f0", "f1"], storage=storage
+        ),
+        EmbeddingBagConfig(
+            name="odd", num_embeddings=4096, embedding_dim=6, pooling=PoolingType.MEAN, storage=storage
+        ),
+        EmbeddingBagConfig(name="small", num_embeddings=50, embedding_dim=8),  # stays in RAM
+    ]
+
+
+ROWS = {"f0": 8192, "f1": 8192, "odd": 4096, "small": 50}
+
+
+def _train(storage: str, optimizer: str) -> EmbeddingBagCollection:
+    torch.manual_seed(0)
+    config = FusedOptimizerConfig(optimizer=optimizer, lr=0.05)
+    ebc = EmbeddingBagCollection(_tables(storage), fused_optimizer=config)
+    for step in range(STEPS):
+        batch = random_batch(ROWS, 64, torch.Generator().manual_seed(step), max_len=8)
+        out = ebc(batch.kjt()).values()
+        target = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + step))
+        ((out - target) ** 2).sum().backward()
+    return ebc
+
+
+def _disk_buffers(ebc: EmbeddingBagCollection) -> list[disk_tables.DiskBuffers]:
+    return [b.disk for b in ebc.embedding_bags.batches if b.disk is not None]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+def test_disk_training_is_bitwise_ram_training(disk_dir: Path, optimizer: str) -> None:
+    ram = _train("ram", optimizer)
+    disk = _train("disk", optimizer)
+    buffers = _disk_buffers(disk)
+    assert len(buffers) == 2 and not _disk_buffers(ram)  # SUM and MEAN kernels; "small" stays in RAM
+    assert all(b.nbytes >= 4 * CACHE for b in buffers), "the tables must be far larger than their cache"
+    assert all(b.trims >= STEPS - 1 for b in buffers), "a forced-small cache is trimmed every step"
+    for name, value in ram.state_dict().items():
+        assert torch.equal(disk.state_dict()[name], value), name
+    ram_state = ram.fused_optimizer.state_dict()["state"]
+    disk_state = disk.fused_optimizer.state_dict()["state"]
+    assert ram_state.keys() == disk_state.keys()
+    for key, states in ram_state.items():
+        for name, value in states.items():
+            assert torch.equal(disk_state[key][name], value), f"{key} {name}"
+
+
+def test_rows_live_in_the_files(disk_dir: Path) -> None:
+    ebc = _train("disk", "rowwise_adagrad")
+    buffers = _disk_buffers(ebc)[0]  # the SUM kernel: "big"
+    files = {p.name.rsplit(".", 1)[1]: p for p in buffers.paths}
+    assert set(files) == {"weights", "momentum1"}
+    assert all(p.parent.parent == disk_dir for p in files.values())
+    # What the file holds is what the model reads.
+    on_disk = np.fromfile(files["weights"], dtype=np.float32)
+    assert np.array_equal(on_disk, ebc.embedding_bags["big"].weight.flatten().numpy())
+    momentum = np.fromfile(files["momentum1"], dtype=np.float32)
+    state = ebc.fused_optimizer.state_dict()["state"]["embedding_bags.big.weight"]["big.momentum1"]
+    assert np.array_equal(momentum[:8192], state.numpy())
+    (odd,) = [b for b in _disk_buffers(ebc) if b is not buffers]
+    odd_rows = np.fromfile(odd.paths[0], dtype=np.float32).reshape(4096, 8)[:, :6]  # kernel width 8, padded
+    assert torch.equal(torch.from_numpy(odd_rows), ebc.embedding_bags["odd"].weight)
+    paths = [*buffers.paths, *odd.paths]
+    del odd
+    del ebc, buffers
+    gc.collect()
+    assert not any(p.exists() for p in paths), "a released kernel's files are removed"
+
+
+def test_trim_bounds_the_resident_pages(disk_dir: Path) -> None:
+    ebc = _train("disk", "sgd")
+    buffers = _disk_buffers(ebc)[0]
+    ebc.embedding_bags["big"].weight.add_(0)  # touch every page: all resident
+    assert buffers.resident_bytes() > CACHE
+    assert buffers.trim()
+    assert buffers.resident_bytes() <= CACHE
+    before = ebc.embedding_bags["big"].weight.clone()
+    assert torch.equal(ebc.embedding_bags["big"].weight, before)  # dropped pages read back from disk
+
+
+def test_sequence_tables_on_disk_match_ram(disk_dir: Path) -> None:
+    def train(storage: str) -> EmbeddingCollection:
+        torch.manual_seed(1)
+        tables = [EmbeddingConfig(name="seq", num_embeddings=4096, embedding_dim=8, storage=storage)]
+        ec = EmbeddingCollection(tables, fused_optimizer=FusedOptimizerConfig(optimizer="adagrad", lr=0.1))
+        for step in range(3):
+            batch = random_batch({"seq": 4096}, 32, torch.Generator().manual_seed(step))
+            out = ec(batch.kjt())["seq"].values()
+            (out**2).sum().backward()
+        return ec
+
+    ram, disk = train("ram"), train("disk")
+    assert torch.equal(ram.embeddings["seq"].weight, disk.embeddings["seq"].weight)
+
+
+def test_storage_refusals(disk_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="table 't': storage must be one of ram, disk; got 'ssd'"):
+        EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=4, storage="ssd")
+    table = EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=4, storage="disk")
+    # Refused before any CUDA call: the check runs before the kernel is built.
+    with pytest.raises(ConfigError, match=r"tables \['t'\]: storage 'disk' runs on CPU only"):
+        FusedTableBatch([table], PoolingMode.SUM, FusedOptimizerConfig(), torch.device("cuda"))
