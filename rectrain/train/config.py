@@ -150,6 +150,10 @@ class TrainConfig:
     100,000 or one batch of every rank, whichever is more) at every ``log_every`` step
     (``rectrain.train.progressive``). ``metrics_port``: rank 0 serves Prometheus metrics (``rectrain_step``,
     ``rectrain_progressive_auc``, ...) on this port.
+
+    ``row_counts``: count the lookups of every row of the sharded tables (an int32 per row, on the rank that
+    owns the row), saved in checkpoints for ``recserve export --prune`` (``rectrain.distributed.sharded.
+    row_counts``; its cost is measured by ``python -m bench prune``).
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -168,6 +172,7 @@ class TrainConfig:
     progressive: bool | None = None
     progressive_window: int | None = field(default=None, metadata=positive())
     metrics_port: int | None = field(default=None, metadata=positive())
+    row_counts: bool = True
 
 
 @dataclass
