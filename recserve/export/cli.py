@@ -154,6 +154,7 @@ def prune_policy(args: argparse.Namespace) -> Any:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    prune_policy(args)  # a bad --prune is refused before anything is read
     if args.package is None and args.out is None:
         raise ExportError("--out: required (the package directory to create)")
     if args.package is not None:
