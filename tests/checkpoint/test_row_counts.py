@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from recserve.export.sources import CheckpointSource
 from rectrain.checkpoint import load_checkpoint, model_state, save_checkpoint
 from rectrain.checkpoint.cli import format_info
 from rectrain.checkpoint.manifest import read_manifest, resolve_step_dir
@@ -78,6 +79,9 @@ def test_counts_survive_resume_and_reshard_two_to_three(tmp_path):
     manifest = read_manifest(resolve_step_dir(root))
     assert all(t.row_counts is not None for t in manifest.tables.values())
     assert "row counts" in format_info(manifest, root)
+    with CheckpointSource(root) as source:  # what export prunes by: whole tables, column shards merged
+        for key, counts in before.items():
+            assert torch.equal(source.counts(key.removeprefix("model.")), counts), key
 
     resumed = run_multiprocess(_resume, 3, root, timeout=600)
     assert sum(_check(r["loaded"], before) for r in resumed) == 3 + 2 + 1
