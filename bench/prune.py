@@ -5,7 +5,9 @@ A DLRM over ``--tables`` x ``--rows`` x ``--dim`` tables (full size: 4 x 2,000,0
 rank (``DistributedModelParallel`` over a 1-rank gloo group, row-wise Adagrad) on examples whose ids follow a
 Zipf law (exponent ``--zipf``, over a random permutation of each table's rows) and whose labels come from a
 fixed teacher model, so the trained model has signal to lose. Training counts each row's lookups
-(``train.row_counts``); the step time with counting on and off is timed on alternate blocks of steps. The
+(``train.row_counts``); the step time with counting on and off is timed on alternate blocks of steps (median
+of each), and the counting of one batch's ids alone (its share of the step time is the steadier figure on a
+busy machine). The
 checkpoint is exported unpruned and with each ``--policies`` entry (int8), each gated on a held-out sample
 of fresh teacher-labelled Zipf examples; per package: bytes on disk, ``Predictor.load`` time (sha256 checks
 included; best of 3) and in-process capacity (examples/s scoring batches of ``--batch`` Zipf examples, one
@@ -39,6 +41,7 @@ from recserve.runtime import Predictor, read_manifest
 from rectrain import EmbeddingBagConfig, KeyedJaggedTensor
 from rectrain.checkpoint import save_checkpoint
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
+from rectrain.distributed.routing.input_dist import ShardInput
 from rectrain.distributed.sharded.row_counts import track_row_counts
 from rectrain.embedding import FusedOptimizerConfig
 from rectrain.models import Batch, DLRMTrain, build_model
@@ -112,9 +115,19 @@ def train(args: argparse.Namespace, cfg: ModelConfig, traffic: Traffic, root: Pa
         dense_opt.step()
         times["on" if counting else "off"].append(time.perf_counter() - started)
     collection.row_counts = counter
+    times["count"] = [_count_time(counter, traffic, args) for _ in range(5)]
     save_checkpoint(root / "ckpt", model=model, step=args.steps, model_config=cfg, env=env)
     dist.destroy_process_group()
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def _count_time(counter, traffic: Traffic, args: argparse.Namespace) -> float:
+    """Seconds ``RowCounts.observe`` takes for one batch's routed ids (what counting adds to a step)."""
+    _, kjt, _ = traffic.batch(args.batch, seed=7)
+    shard_input = ShardInput(kjt.values(), kjt.offsets(), None, [args.batch])
+    started = time.perf_counter()
+    counter.observe(shard_input)
+    return time.perf_counter() - started
 
 
 def measure(path: Path, traffic: Traffic, args: argparse.Namespace) -> dict[str, float]:
@@ -165,6 +178,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-prune-") as tmp:
         root = Path(tmp)
         step = train(args, cfg, traffic, root)
+        print(f"step time {step['off'] * 1e3:.1f} ms; counting one batch's ids {step['count'] * 1e3:.3f} ms")
+        print(f"row counts share of step time {step['count'] / step['off']:.4f}")
         print(f"row counts step time overhead {step['on'] / step['off'] - 1:.4f}")
         results = {}
         for policy in ["none", *args.policies.split(",")]:
