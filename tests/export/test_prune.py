@@ -138,3 +138,14 @@ def test_a_bad_prune_value_is_one_clear_line(tmp_path, capsys, value):
     code = main(["export", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "o"), "--prune", value])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"--prune {value!r}" in err
+
+
+def test_a_pruned_package_refuses_delta_rows(tmp_path):
+    path = _export(tmp_path / "pkg", "norm:0.5")
+    manifest = read_manifest(path)
+    lookups = QuantEmbeddingBagCollection(
+        CFG.tables, load_shards(path, manifest), manifest.placement, remaps=load_remaps(path, manifest)
+    )
+    rows = torch.zeros(1, 12, dtype=torch.uint8)  # one int8 kernel row of dim 8
+    with pytest.raises(PackageError, match=r"\['t1'\]: a pruned package takes no deltas"):
+        lookups.overlays_with({"t1": (torch.tensor([3]), rows)})
