@@ -73,6 +73,19 @@ def add_export_command(subparsers: Any) -> None:
     )
     parser.add_argument("--force", action="store_true", help="export even above --max-auc-drop")
     parser.add_argument(
+        "--prune",
+        metavar="POLICY",
+        help="ship only some rows of each table: count:N (rows training looked up >= N times), top:F (the "
+        "fraction F looked up most), norm:F (the fraction F of largest L2 norm; needs no row counts); the "
+        "accuracy gate measures the pruned package (docs/export.md)",
+    )
+    parser.add_argument(
+        "--prune-default",
+        choices=["zero", "mean"],
+        default="zero",
+        help="what a pruned id serves: a zero vector, or the mean of its table's pruned rows (default zero)",
+    )
+    parser.add_argument(
         "--dense-bounds",
         choices=["refuse", "clip", "off"],
         default="refuse",
@@ -131,7 +144,17 @@ def default_model_name(checkpoint: str | Path, extra: dict[str, Any]) -> str:
     return root.name or "model"
 
 
+def prune_policy(args: argparse.Namespace) -> Any:
+    """``--prune`` parsed (None without it); ExportError in one line on a bad value."""
+    from recserve.export.prune import PrunePolicy
+
+    if args.prune is None:
+        return None
+    return PrunePolicy.parse(args.prune, args.prune_default)
+
+
 def run_export(args: argparse.Namespace) -> int:
+    prune_policy(args)  # a bad --prune is refused before anything is read
     if args.package is None and args.out is None:
         raise ExportError("--out: required (the package directory to create)")
     if args.package is not None:
@@ -200,6 +223,7 @@ def _export_checkpoint(args: argparse.Namespace, cfg: Any, checkpoint: Any, sour
         overwrite=args.overwrite,
         dense_range=checkpoint.manifest.extra.get("dense_range"),
         dense_bounds=args.dense_bounds,
+        prune=prune_policy(args),
     )
 
 
@@ -228,6 +252,7 @@ def run_torchrec_export(args: argparse.Namespace) -> int:
         max_auc_drop=args.max_auc_drop,
         force=args.force,
         overwrite=args.overwrite,
+        prune=prune_policy(args),
     )
     _print_summary(path)
     return 0
@@ -254,5 +279,11 @@ def _print_summary(path: Path) -> None:
             f"  {name:<8} {row['max_abs_logit_diff']:>12.2e} {row['mean_abs_logit_diff']:>13.2e} "
             f"{row['auc_diff']:>+10.5f}"
         )
+    if package.pruning:
+        kept = package.pruning["tables"]
+        shown = ", ".join(f"{name} {t['kept']:,}/{t['rows']:,}" for name, t in kept.items())
+        policy, default = package.pruning["policy"], package.pruning["default"]
+        print(f"pruned by {policy} (pruned ids serve {default}): rows kept {shown}")
+        print(f"  AUC drop of the pruned package {package.pruning['auc_drop']:.5f}")
     if report.get("forced"):
         print(f"WARNING: AUC drop above --max-auc-drop {report['max_auc_drop']}; exported because of --force")

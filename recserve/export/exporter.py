@@ -22,6 +22,14 @@ import recserve
 from recserve.errors import AccuracyError, ExportError
 from recserve.export.accuracy import AccuracySample, accuracy_report, synthetic_sample
 from recserve.export.planner import TableLoad, plan_placement
+from recserve.export.prune import (
+    PrunedTable,
+    PrunePolicy,
+    plan_pruning,
+    pruning_record,
+    stream_pruned_table,
+    traffic_sample,
+)
 from recserve.export.quantize import check_dim, dequantize_table, quantize_table
 from recserve.export.sample_rows import CompactSample, compact_sample
 from recserve.export.sources import CheckpointSource, StateDictSource, TableSource
@@ -32,6 +40,7 @@ from recserve.runtime.dense_bounds import ACTIONS, WIDEN, bounds_from_range
 from recserve.runtime.layout import QuantizedTable, TableDType, kernel_rows, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry
 from recserve.runtime.predictor import DENSE_DTYPES, metadata_for
+from recserve.runtime.pruning import PRUNED_FORMAT_VERSION
 from rectrain.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -134,7 +143,7 @@ def _stream_table(
     return compact
 
 
-def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool) -> None:
+def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool, pruned: bool = False) -> None:
     drop = -report["package"]["auc_diff"]
     report["max_auc_drop"] = max_auc_drop
     bf16 = report.get("dense_bf16")
@@ -149,13 +158,16 @@ def _check_accuracy(report: dict[str, Any], max_auc_drop: float, force: bool) ->
     report["passed"] = drop <= max_auc_drop
     if report["passed"]:
         return
+    what = "pruned and quantized" if pruned else "quantized"
     message = (
-        f"quantized model loses {drop:.5f} AUC against fp32 (fp32 {report['fp32_auc']:.5f}, quantized "
+        f"{what} model loses {drop:.5f} AUC against fp32 (fp32 {report['fp32_auc']:.5f}, quantized "
         f"{report['package']['auc']:.5f}), more than max_auc_drop {max_auc_drop}"
     )
     if not force:
         raise AccuracyError(
-            f"{message}; export refused. Use a wider dtype (--dtype/--table-dtype) or --force"
+            f"{message}; export refused. Use a wider dtype (--dtype/--table-dtype)"
+            + (", keep more rows (--prune)" if pruned else "")
+            + " or --force"
         )
     report["forced"] = True
     logger.warning("%s; exporting anyway (force)", message)
@@ -200,6 +212,8 @@ def export_package(
     overwrite: bool = False,
     dense_range: Mapping[str, Any] | None = None,
     dense_bounds: str = "refuse",
+    prune: PrunePolicy | None = None,
+    row_counts: Mapping[str, Tensor] | None = None,
 ) -> Path:
     """Write a model package of the prediction module ``state_dict`` (full tensors, prediction-module names).
 
@@ -217,6 +231,9 @@ def export_package(
         dense_range, dense_bounds: the training data's dense range (a checkpoint's ``extra["dense_range"]``)
             and what serving does beyond it, widened: ``refuse``, ``clip`` or ``off`` (no bound). Without a
             range the package has no bound.
+        prune: drop rows by this policy (``recserve.export.prune``); the gate measures pruned+quantized.
+        row_counts: each table's lookup counts per row (int32 ``[rows]``, by table name), for the count
+            policies (a checkpoint carries its own; ``export_checkpoint`` reads them).
     """
     if (state_dict is None) == (model is None):
         raise ExportError("export_package: give exactly one of state_dict= and model=")
@@ -243,10 +260,11 @@ def export_package(
         overwrite=overwrite,
         dense_range=dense_range,
         dense_bounds=dense_bounds,
+        prune=prune,
     )
-    return export_tables(
-        out_dir, model_config, StateDictSource(state_dict), dense, prequantized=prequantized, **options
-    )
+    counts = {table_weight_key(ebc_path, name): c for name, c in (row_counts or {}).items()}
+    source = StateDictSource(state_dict, counts)
+    return export_tables(out_dir, model_config, source, dense, prequantized=prequantized, **options)
 
 
 def export_checkpoint(
@@ -278,6 +296,7 @@ def export_tables(
     dense_range: Mapping[str, Any] | None = None,
     dense_bounds: str = "refuse",
     prequantized: Mapping[str, QuantizedTable] | None = None,
+    prune: PrunePolicy | None = None,
 ) -> Path:
     """The package of checked parts: each table is read, quantized and written a slice of rows at a time
     (memory: one slice, plus the rows the accuracy sample reads), the accuracy gate runs on those rows.
@@ -295,29 +314,40 @@ def export_tables(
     ]
     placement = plan_placement(loads, devices, capacity_bytes=capacity_bytes)
     dense_state = {k: v.detach().to("cpu", DENSE_DTYPES[dense_dtype]) for k, v in dense.items()}
-    compact = compact_sample(cfg, accuracy_sample or synthetic_sample(cfg))
     _, ebc_path = build_skeleton(cfg)
+    keys = {t.name: table_weight_key(ebc_path, t.name) for t in cfg.tables}
+    pruned = _pruned_tables(prune, cfg, tables, keys, prequantized)
+    if accuracy_sample is None and prune is not None and prune.needs_counts:
+        accuracy_sample = traffic_sample(cfg, {n: tables.counts(keys[n]) for n in pruned})
+    compact = compact_sample(cfg, accuracy_sample or synthetic_sample(cfg))
+    stored = {s: pruned[s.table].stored_rows(s) for s in placement.shards if s.table in pruned}
     writer = PackageWriter(
         out_dir,
         placement,
         {t.name: (t.embedding_dim, dtypes[t.name]) for t in cfg.tables},
         overwrite=overwrite,
+        pruned=stored,
     )
     try:
-        kept = {
-            t.name: _stream_table(
+        kept, served = {}, {}
+        for t in cfg.tables:
+            if t.name in pruned:
+                kept[t.name], served[t.name] = stream_pruned_table(
+                    writer, tables, keys[t.name], t, dtypes[t.name], placement.shards_of(t.name),
+                    pruned[t.name], compact.rows[t.name],
+                )  # fmt: skip
+                continue
+            kept[t.name] = served[t.name] = _stream_table(
                 writer,
                 tables,
-                table_weight_key(ebc_path, t.name),
+                keys[t.name],
                 t,
                 dtypes[t.name],
                 compact.rows[t.name],
                 prequantized.get(t.name),
             )
-            for t in cfg.tables
-        }
-        report = _compact_report(compact, kept, dtypes, dense, dense_state, dense_dtype, ebc_path)
-        _check_accuracy(report, max_auc_drop, force)
+        report = _compact_report(compact, kept, served, dtypes, dense, dense_state, dense_dtype, ebc_path)
+        _check_accuracy(report, max_auc_drop, force, bool(pruned))
     except BaseException:
         writer.abort()
         raise
@@ -331,7 +361,13 @@ def export_tables(
         dense_in_features=cfg.dense_in_features,
         dense_dtype=dense_dtype,
         tables=[
-            TableEntry(t.name, t.num_embeddings, t.embedding_dim, dtypes[t.name], loads[i].nbytes)
+            TableEntry(
+                t.name,
+                t.num_embeddings,
+                t.embedding_dim,
+                dtypes[t.name],
+                _stored_bytes(t.name, loads[i], stored),
+            )
             for i, t in enumerate(cfg.tables)
         ],
         placement=placement,
@@ -339,6 +375,9 @@ def export_tables(
         accuracy=report,
         dense_bounds=bounds,
     )
+    if pruned:
+        manifest.pruning = pruning_record(prune, pruned, stored, report)
+        manifest.format_version = PRUNED_FORMAT_VERSION
     path = writer.finish(manifest, dense_state)
     logger.info(
         "exported %s: %d tables over %s, AUC diff %.5f",
@@ -350,18 +389,44 @@ def export_tables(
     return path
 
 
+def _pruned_tables(
+    prune: PrunePolicy | None,
+    cfg: ModelConfig,
+    tables: TableSource,
+    keys: Mapping[str, str],
+    prequantized: Mapping[str, QuantizedTable],
+) -> dict[str, PrunedTable]:
+    if prune is None:
+        return {}
+    if prequantized:
+        raise ExportError(
+            f"--prune {prune}: the model's tables {sorted(prequantized)} are already quantized; export the "
+            "float model to prune it"
+        )
+    return plan_pruning(prune, cfg, tables, keys)
+
+
+def _stored_bytes(name: str, load: TableLoad, stored: Mapping[Any, int]) -> int:
+    """A table's bytes in the package: all its rows, or the rows its pruned shards store."""
+    rows = [n for shard, n in stored.items() if shard.table == name]
+    return sum(rows) * load.row_bytes if rows else load.nbytes
+
+
 def _compact_report(
     compact: CompactSample,
     kept: Mapping[str, Tensor],
+    served: Mapping[str, Tensor],
     dtypes: Mapping[str, TableDType],
     dense: Mapping[str, Tensor],
     dense_state: Mapping[str, Tensor],
     dense_dtype: str,
     ebc_path: str,
 ) -> dict[str, Any]:
-    """The accuracy report on the rows the sample reads (the compact model; see ``sample_rows``)."""
+    """The accuracy report on the rows the sample reads (the compact model; see ``sample_rows``): the fp32
+    model reads the trained rows ``kept``, the package the rows it serves for them (``served``: pruned rows
+    replaced by their table's default, then quantized), ``by_dtype``'s uniform dtypes the trained rows."""
     cfg = compact.config
-    quantized = {name: quantize_table(weight, dtypes[name]) for name, weight in kept.items()}
+    quantized = {name: quantize_table(weight, dtypes[name]) for name, weight in served.items()}
     state = {**dense, **{table_weight_key(ebc_path, name): w for name, w in kept.items()}}
     loads = [TableLoad(t.name, t.num_embeddings, 1) for t in cfg.tables]
     placement = plan_placement(loads, ["cpu"])

@@ -27,18 +27,25 @@ class TableSource(Protocol):
     def rows(self, key: str, start: int, end: int) -> Tensor:
         """Rows ``start..end`` of the table."""
 
+    def counts(self, key: str) -> Tensor | None:
+        """The table's int32 lookup counts per row from training, None when the source has none."""
+
 
 class StateDictSource:
-    """Tables of a state dict in memory."""
+    """Tables of a state dict in memory, with the row counts ``counts`` (by the same keys) where known."""
 
-    def __init__(self, state_dict: Mapping[str, Tensor]) -> None:
+    def __init__(self, state_dict: Mapping[str, Tensor], counts: Mapping[str, Tensor] | None = None) -> None:
         self._state = state_dict
+        self._counts = counts or {}
 
     def shape(self, key: str) -> tuple[int, ...] | None:
         return tuple(self._state[key].shape) if key in self._state else None
 
     def rows(self, key: str, start: int, end: int) -> Tensor:
         return self._state[key][start:end]
+
+    def counts(self, key: str) -> Tensor | None:
+        return self._counts.get(key)
 
 
 class CheckpointSource:
@@ -81,3 +88,10 @@ class CheckpointSource:
         saved_key, entry = self._entries[key]
         cols = entry.global_shape[1]
         return self._reader.read(entry.weight, Shard(start, end - start, 0, cols, 0), f"{saved_key} weight")
+
+    def counts(self, key: str) -> Tensor | None:
+        saved_key, entry = self._entries[key]
+        if entry.row_counts is None:
+            return None
+        rows, cols = entry.global_shape
+        return self._reader.read(entry.row_counts, Shard(0, rows, 0, cols, 0), f"{saved_key} row counts")

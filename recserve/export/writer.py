@@ -28,7 +28,8 @@ from recserve.runtime.package import (
     rows_key,
     version_problem,
 )
-from recserve.runtime.placement import ServingPlacement
+from recserve.runtime.placement import ServingPlacement, TableShard
+from recserve.runtime.pruning import REMAP_FILE, remap_key
 from rectrain.durable import follow_umask, fsync_path, sha256_file
 from rectrain.safetensors_io import SafetensorsWriter, TensorSpec, save_tensors
 
@@ -48,6 +49,8 @@ class PackageWriter:
         placement: which device file holds which rows of each table.
         tables: ``{table: (embedding_dim, dtype)}``.
         overwrite: replace a non-empty ``out_dir``.
+        pruned: the rows stored for each shard of a pruned table (its kept rows, plus a default row); those
+            shards are written with ``write_shard_rows`` and get a remap (``write_remap``).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class PackageWriter:
         tables: Mapping[str, tuple[int, TableDType]],
         *,
         overwrite: bool = False,
+        pruned: Mapping[TableShard, int] | None = None,
     ) -> None:
         self.out = Path(out_dir)
         if self.out.exists() and any(self.out.iterdir()) and not overwrite:
@@ -69,9 +73,10 @@ class PackageWriter:
         self.staging.mkdir()
         self._placement = placement
         self._files: dict[str, SafetensorsWriter] = {}
+        pruned = pruned or {}
         for index, device in enumerate(placement.devices):
             specs = [
-                TensorSpec(rows_key(s), torch.uint8, (s.num_rows, row_bytes(*tables[s.table])))
+                TensorSpec(rows_key(s), torch.uint8, (pruned.get(s, s.num_rows), row_bytes(*tables[s.table])))
                 for s in placement.shards
                 if s.device == device
             ]
@@ -79,6 +84,10 @@ class PackageWriter:
                 self._files[device] = SafetensorsWriter(
                     self.staging / embeddings_file(index), specs, metadata={"format": "pt"}
                 )
+        self._remaps = None
+        if pruned:
+            specs = [TensorSpec(remap_key(s), torch.int32, (s.num_rows,)) for s in pruned]
+            self._remaps = SafetensorsWriter(self.staging / REMAP_FILE, specs, metadata={"format": "pt"})
 
     def write_rows(self, table: str, start: int, rows: Tensor) -> None:
         """Store kernel rows ``start..start + len(rows)`` of ``table`` in the shards that hold them."""
@@ -90,6 +99,15 @@ class PackageWriter:
                     rows_key(shard), rows[lo - start : hi - start], lo - shard.row_start
                 )
 
+    def write_shard_rows(self, shard: TableShard, start: int, rows: Tensor) -> None:
+        """Store kernel rows as stored rows ``start..`` of a pruned ``shard`` (kept rows, or its default)."""
+        self._files[shard.device].write(rows_key(shard), rows, start)
+
+    def write_remap(self, shard: TableShard, remap: Tensor) -> None:
+        """Store a pruned shard's index remap (int32, one entry per id of the shard)."""
+        assert self._remaps is not None, "remaps are written for pruned shards only"
+        self._remaps.write(remap_key(shard), remap)
+
     def finish(self, manifest: PackageManifest, dense_state: Mapping[str, Tensor]) -> Path:
         """Close the files, write the dense part and the manifest (with every file's checksum), publish."""
         try:
@@ -97,7 +115,7 @@ class PackageWriter:
             if problem:  # the runtime refuses such a manifest: never publish one
                 raise ExportError(f"{self.out}: --version: {problem}")
             files = {}
-            for writer in self._files.values():
+            for writer in [*self._files.values(), *([self._remaps] if self._remaps else [])]:
                 writer.close()
                 files[writer.path.name] = _entry(writer.path)
             dense_path = self.staging / DENSE_FILE
@@ -119,6 +137,6 @@ class PackageWriter:
 
     def abort(self) -> None:
         """Drop everything written so far."""
-        for writer in self._files.values():
+        for writer in [*self._files.values(), *([self._remaps] if self._remaps else [])]:
             writer.abort()
         shutil.rmtree(self.staging, ignore_errors=True)

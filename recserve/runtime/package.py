@@ -27,8 +27,10 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from recserve.errors import PackageError
+from recserve.runtime import pruning
 from recserve.runtime.layout import QuantizedTable, TableDType
 from recserve.runtime.placement import ServingPlacement, TableShard
+from recserve.runtime.pruning import stored_rows
 from rectrain.durable import sha256_file
 from rectrain.safetensors_io import SafetensorsFile, SafetensorsFormatError, dtype_name
 
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "recserve-model-package"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: weights and scale_bias stored apart (copied at load)
+READABLE_VERSIONS = (1, 2, 3)  # 1: weights and scale_bias stored apart (copied at load); 3: pruned
 MANIFEST_FILE = "manifest.json"
 DENSE_FILE = "dense.safetensors"
 MAX_VERSION = 2**63 - 1  # Triton's version directories are int64s
@@ -97,6 +99,7 @@ class PackageManifest:
     source: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
     dense_bounds: dict[str, Any] | None = None  # see recserve.runtime.dense_bounds
+    pruning: dict[str, Any] | None = None  # see recserve.runtime.pruning
     format_version: int = FORMAT_VERSION
 
     def table(self, name: str) -> TableEntry:
@@ -127,6 +130,7 @@ class PackageManifest:
             "source": self.source,
             "accuracy": self.accuracy,
             "dense_bounds": self.dense_bounds,
+            **({"pruning": self.pruning} if self.pruning is not None else {}),
             "files": self.files,
         }
 
@@ -154,6 +158,8 @@ class PackageManifest:
                 )
                 for t in data["tables"]
             ]
+            if data.get("pruning") is not None and version < pruning.PRUNED_FORMAT_VERSION:
+                raise PackageError(f"{where}: a pruned package has format_version >= 3, not {version}")
             version_text = str(data["version"])
             problem = version_problem(version_text)
             if problem:
@@ -172,12 +178,25 @@ class PackageManifest:
                 source=data.get("source"),
                 accuracy=data.get("accuracy"),
                 dense_bounds=data.get("dense_bounds"),
+                pruning=_pruning(data.get("pruning"), where),
                 format_version=version,
             )
         except KeyError as error:
             raise PackageError(f"{where}: missing key {error.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as error:
             raise PackageError(f"{where}: malformed manifest ({error})") from None
+
+
+def _pruning(data: Any, where: str) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("tables"), dict)
+        and isinstance(data.get("shards"), dict)
+    ):
+        raise PackageError(f"{where}: pruning: expected an object with 'tables' and 'shards'")
+    return data
 
 
 def read_manifest(package_dir: str | Path) -> PackageManifest:
@@ -350,7 +369,8 @@ def load_shards(package_dir: str | Path, manifest: PackageManifest) -> dict[Tabl
             if mapped:
                 rows = _take(tensors, rows_key(shard), path)
                 table = QuantizedTable.from_kernel_rows(rows, entry.dtype, entry.embedding_dim)
-                shards[shard] = _checked(table, path, shard)
+                stored = stored_rows(manifest.pruning, shard, f"{Path(package_dir) / MANIFEST_FILE}")
+                shards[shard] = _checked(table, path, shard, stored)
                 continue
             scale_bias = _take(tensors, scale_bias_key(shard), path) if entry.dtype.is_integer else None
             table = QuantizedTable(
@@ -360,12 +380,18 @@ def load_shards(package_dir: str | Path, manifest: PackageManifest) -> dict[Tabl
     return shards
 
 
-def _checked(table: QuantizedTable, path: Path, shard: TableShard) -> QuantizedTable:
+def _checked(table: QuantizedTable, path: Path, shard: TableShard, rows: int | None = None) -> QuantizedTable:
     try:
-        table.check(f"{path}: {shard.label}", shard.num_rows)
+        table.check(f"{path}: {shard.label}", shard.num_rows if rows is None else rows)
     except ValueError as error:
         raise PackageError(str(error)) from None
     return table
+
+
+def load_remaps(package_dir: str | Path, manifest: PackageManifest) -> dict[TableShard, Tensor]:
+    """The index remap of every shard of a pruned table (see ``pruning``); empty for an unpruned package."""
+    where = str(Path(package_dir) / MANIFEST_FILE)
+    return pruning.load_remaps(package_dir, manifest.pruning, manifest.placement.shards, where)
 
 
 def load_dense(package_dir: str | Path) -> dict[str, Tensor]:

@@ -30,6 +30,7 @@ from recserve.runtime.package import (
     DENSE_FILE,
     MANIFEST_FILE,
     load_dense,
+    load_remaps,
     load_shards,
     read_manifest,
     verify_files,
@@ -201,8 +202,10 @@ class Predictor:
         dense_dtype: str = "fp32",
         device: torch.device | str = "cpu",
         compile_dense: bool = False,
+        remaps: Mapping[TableShard, Tensor] | None = None,
     ) -> Predictor:
-        """Assemble a predictor from parts in memory (what ``load`` reads from a package).
+        """Assemble a predictor from parts in memory (what ``load`` reads from a package); ``remaps``: the
+        index remaps of a pruned package's shards (``recserve.runtime.pruning``).
 
         ``compile_dense`` runs the dense layers through ``torch.compile`` (first batches take seconds to
         compile; see the benchmark for whether it pays on your hardware).
@@ -211,7 +214,13 @@ class Predictor:
         dtype = DENSE_DTYPES[dense_dtype]
         model, ebc_path = build_skeleton(cfg, device)
         lookups = QuantEmbeddingBagCollection(
-            cfg.tables, shards, placement, device=device, output_dtype=dtype, bounds_check=False
+            cfg.tables,
+            shards,
+            placement,
+            device=device,
+            output_dtype=dtype,
+            bounds_check=False,
+            remaps=remaps,
         )
         replace_module(model, ebc_path, lookups)
         model.load_state_dict(dict(dense_state), strict=True)
@@ -287,6 +296,7 @@ class Predictor:
                 dense_dtype=chosen,
                 device=device,
                 compile_dense=compile_dense,
+                remaps=load_remaps(package_dir, manifest),
             )
             predictor._position = position
         except RuntimeError as error:  # load_state_dict: keys or shapes that do not fit the config

@@ -26,6 +26,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
 from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
 from torch import Tensor, nn
 
+from recserve.errors import PackageError
 from recserve.runtime.layout import QuantizedTable
 from recserve.runtime.overlay import KernelLayout, RowOverlay
 from recserve.runtime.placement import ServingPlacement, TableShard
@@ -79,18 +80,28 @@ class _ShardLookup:
         device: torch.device,
         output_dtype: torch.dtype,
         bounds_check: bool,
+        remaps: Mapping[TableShard, Tensor],
     ) -> None:
         self.device = device
         self.slots = slots
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
+        # A pruned shard stores fewer rows than it has ids: the kernel remaps each id to its stored row
+        remapping = [remaps.get(s) for s, _, _ in shards]
+        self.pruned = any(r is not None for r in remapping)
         self.tbe = IntNBitTableBatchedEmbeddingBagsCodegen(
-            [(s.label, s.num_rows, c.embedding_dim, q.dtype.sparse_type, location) for s, c, q in shards],
+            [
+                (s.label, q.num_embeddings, c.embedding_dim, q.dtype.sparse_type, location)
+                for s, c, q in shards
+            ],
             feature_table_map=[i for i, (_, config, _) in enumerate(shards) for _ in config.feature_names],
             pooling_mode=pooling,
             device=device,
             output_dtype=_OUTPUT_TYPES[output_dtype],
             bounds_check_mode=BoundsCheckMode.FATAL if bounds_check else BoundsCheckMode.NONE,
+            index_remapping=remapping if self.pruned else None,
         )
+        if self.pruned:
+            _remap_per_feature(self.tbe, remapping, device)
         if not _share_rows(self.tbe, [q for _, _, q in shards], device):
             self.tbe.initialize_weights()
             self.tbe.assign_embedding_weights([(q.weights, q.scale_bias) for _, _, q in shards])
@@ -119,6 +130,11 @@ class _ShardLookup:
     def with_rows(self, rows: Mapping[str, tuple[Tensor, Tensor]]) -> RowOverlay | None:
         """The overlay this kernel would have with ``rows`` (table -> sorted global ids, kernel rows) on top
         of its current one; nothing changes until it is assigned to ``overlay``."""
+        if self.pruned and any(shard.table in rows for shard in self.shards):
+            raise PackageError(
+                f"tables {sorted({s.table for s in self.shards if s.table in rows})}: a pruned package takes "
+                "no deltas (its kernels store only the kept rows); follow training with unpruned bases"
+            )
         changes = {}
         for index, shard in enumerate(self.shards):
             if shard.table not in rows:
@@ -145,6 +161,22 @@ class _ShardLookup:
         kept_before = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])
         weights = None if item.per_sample_weights is None else item.per_sample_weights[keep]
         return (ids - lo)[keep], kept_before[item.offsets.long()], weights
+
+
+def _remap_per_feature(
+    tbe: IntNBitTableBatchedEmbeddingBagsCodegen, remapping: list[Tensor | None], device: torch.device
+) -> None:
+    """Lay the kernel's remap out per feature rather than per table.
+
+    FBGEMM's ``pruned_array_lookup`` finds an id's remap by the id's bag (``T = len(offsets) - 1`` regions,
+    ``B = bags / T``): one region per *feature*. The kernel lays the regions out per table, which is the same
+    only when no table is read by two features; so a table read by several features gets its remap once per
+    feature (a region of length 0 passes ids through unchanged, for a table that is not pruned).
+    """
+    per_feature = [remapping[t] for t in tbe.feature_table_map]
+    lengths = [0 if r is None else r.numel() for r in per_feature]
+    tbe.index_remappings_array_offsets = torch.tensor([0, *lengths], device=device).cumsum(0)
+    tbe.index_remappings_array = torch.cat([r for r in per_feature if r is not None]).to(device, torch.int32)
 
 
 def _share_rows(
@@ -187,6 +219,7 @@ class QuantEmbeddingBagCollection(nn.Module):
             also the output device.
         output_dtype: float32, float16 or bfloat16.
         bounds_check: let FBGEMM check ids (callers that validate ids themselves turn it off).
+        remaps: the index remap of each pruned shard (``pruning``): its stored row per id, -1 for none.
     """
 
     def __init__(
@@ -199,6 +232,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         device: torch.device | str = "cpu",
         output_dtype: torch.dtype = torch.float32,
         bounds_check: bool = True,
+        remaps: Mapping[TableShard, Tensor] | None = None,
     ) -> None:
         super().__init__()
         self._configs = list(tables)
@@ -207,7 +241,9 @@ class QuantEmbeddingBagCollection(nn.Module):
         names = get_embedding_names_by_table(self._configs)
         self._embedding_names = [name for table_names in names for name in table_names]
         self._lengths_per_embedding = [t.embedding_dim for t in self._configs for _ in t.feature_names]
-        self._lookups = self._build_lookups(names, shards, placement, output_dtype, bounds_check)
+        self._lookups = self._build_lookups(
+            names, shards, placement, output_dtype, bounds_check, remaps or {}
+        )
         self._router = FeatureRouter([lookup.features for lookup in self._lookups])
         self._target = torch.cat(
             [torch.arange(s.column, s.column + s.dim) for lookup in self._lookups for s in lookup.slots]
@@ -226,6 +262,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         placement: ServingPlacement,
         output_dtype: torch.dtype,
         bounds_check: bool,
+        remaps: Mapping[TableShard, Tensor],
     ) -> list[_ShardLookup]:
         columns = torch.tensor([0, *self._lengths_per_embedding]).cumsum(0).tolist()
         first_embedding = torch.tensor([0, *[len(n) for n in names]]).cumsum(0).tolist()
@@ -245,7 +282,7 @@ class QuantEmbeddingBagCollection(nn.Module):
                 for k, feature in enumerate(c.feature_names)
             ]
             device = physical_device(logical, self._device)
-            lookups.append(_ShardLookup(shards, slots, pooling, device, output_dtype, bounds_check))
+            lookups.append(_ShardLookup(shards, slots, pooling, device, output_dtype, bounds_check, remaps))
             logger.debug("lookup on %s (%s): %d shards", logical, pooling.name, len(shards))
         return lookups
 

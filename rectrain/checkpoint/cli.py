@@ -30,6 +30,8 @@ def format_info(manifest: Manifest, where: str) -> str:
     for table in sorted(manifest.tables.values(), key=lambda t: (t.collection, t.name)):
         rows, cols = table.global_shape
         states = ", ".join(f"{n} ({s.kind})" for n, s in sorted(table.optimizer_state.items())) or "-"
+        if table.row_counts is not None:
+            states += "; row counts"
         lines.append(
             f"{table.name:<12} {table.collection:<42} {f'{rows:,} x {cols}':>14} {table.weight.dtype:<8} "
             f"{table.sharding_type:<14} {len(table.weight.shards):>6}  {states}"

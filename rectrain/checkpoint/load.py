@@ -80,6 +80,7 @@ def _load_tables(reader: CheckpointReader, model: nn.Module, with_optimizer: boo
         for piece in table.pieces:
             where = f"table {table.name!r} rows {piece.shard.row_offset}+{piece.shard.num_rows}"
             _read_into(reader, entry.weight, piece.shard, piece.weight, where)
+            _load_counts(entry, reader, piece, where)
             if not with_optimizer:
                 continue
             missing = sorted(set(piece.states) - set(entry.optimizer_state))
@@ -93,6 +94,19 @@ def _load_tables(reader: CheckpointReader, model: nn.Module, with_optimizer: boo
             for name, state in piece.states.items():
                 what = f"{where}, optimizer state {name!r}"
                 _read_into(reader, entry.optimizer_state[name], piece.shard, state, what)
+
+
+def _load_counts(
+    entry: TableEntry, reader: CheckpointReader, piece: model_state.TablePiece, where: str
+) -> None:
+    """Restore a counted piece's row counts (zero when the checkpoint holds none: counting starts now)."""
+    if piece.counts is None:
+        return
+    if entry.row_counts is None:
+        logger.info("%s: the checkpoint holds no row counts; counting starts from zero", where)
+        piece.counts.zero_()
+        return
+    _read_into(reader, entry.row_counts, piece.shard, piece.counts, f"{where}, row counts")
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ PER_ELEMENT = "per_element"  # [num_rows, num_cols]: Adagrad sum, Adam moments; 
 PER_ROW = "per_row"  # [num_rows]: row-wise Adagrad; column shards are merged by a width-weighted mean
 SCALAR = "scalar"  # [1]: Adam's step; the same on every shard
 STATE_KINDS = (PER_ELEMENT, PER_ROW, SCALAR)
+ROW_COUNTS = "row_counts"  # a table's lookup counts: stored like a per-row state, beside the optimizer's
 
 
 def rank_file(rank: int) -> str:
@@ -96,6 +97,12 @@ class TableEntry:
     sharding_type: str
     weight: StateEntry
     optimizer_state: dict[str, StateEntry] = field(default_factory=dict)
+    row_counts: StateEntry | None = None  # per-row int32 lookup counts, where training counted them
+
+    def stored_states(self) -> list[tuple[str, StateEntry]]:
+        """Every table-shaped tensor stored for the table, by name: weight, optimizer states, row counts."""
+        counts = [(ROW_COUNTS, self.row_counts)] if self.row_counts is not None else []
+        return [("weight", self.weight), *self.optimizer_state.items(), *counts]
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,9 @@ def _table(data: Any, where: str) -> TableEntry:
             name: _state(entry, f"{where}.optimizer_state[{name!r}]")
             for name, entry in _get(data, "optimizer_state", dict, where).items()
         },
+        row_counts=(
+            _state(data[ROW_COUNTS], f"{where}.{ROW_COUNTS}") if data.get(ROW_COUNTS) is not None else None
+        ),
     )
 
 

@@ -31,6 +31,7 @@ class TablePiece:
     shard: Shard
     weight: Tensor
     states: dict[str, Tensor] = field(default_factory=dict)
+    counts: Tensor | None = None  # int32 lookups per row, where training counts them (``row_counts``)
 
 
 @dataclass
@@ -104,12 +105,14 @@ def _sharded_tables(model: DistributedModelParallel) -> dict[str, LocalTable]:
     for path, module in model.sharded_modules().items():
         inner = f"{path}." if path else ""
         weights, states = module.sharded_state(), module.sharded_optimizer_state()
+        counted = module.sharded_row_counts() if hasattr(module, "sharded_row_counts") else {}
         for config in _configs(module):
             key = f"{_attribute(module)}.{config.name}.weight"
             sharded = weights[key]
+            counts = [c for _, c in counted.get(key, [])] or [None] * len(sharded.local_shards)
             pieces = [
-                TablePiece(shard, weight, state)
-                for (shard, weight), (_, state) in zip(sharded.local_shards, states[key])
+                TablePiece(shard, weight, state, count)
+                for (shard, weight), (_, state), count in zip(sharded.local_shards, states[key], counts)
             ]
             kind = sharded.sharding.sharding_type
             tables[inner + key] = LocalTable(

@@ -19,6 +19,7 @@ from rectrain.checkpoint.manifest import (
     DENSE_FILE,
     LATEST,
     MANIFEST,
+    ROW_COUNTS,
     Manifest,
     ShardEntry,
     StateEntry,
@@ -74,7 +75,7 @@ def _rank_tables(
             continue  # replicas are stored once
         for _, shard in shard_tables_of(config, sharding, rank):
             base = f"{key}/{shard.row_offset}_{shard.col_offset}"
-            for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
+            for name, state in table.stored_states():
                 value = reader.read(state, shard, f"{key} {name}").contiguous()
                 tensors[f"{base}/{name}"] = value
                 entry = ShardEntry(
@@ -88,12 +89,17 @@ def _rank_tables(
 def _new_tables(manifest: Manifest, plan: ShardingPlan, entries: dict[str, list]) -> dict[str, TableEntry]:
     tables = {}
     for key, old in manifest.tables.items():
-        states = {name: StateEntry(s.kind, s.dtype, []) for name, s in old.optimizer_state.items()}
-        weight = StateEntry(old.weight.kind, old.weight.dtype, [])
+        states = {name: StateEntry(s.kind, s.dtype, []) for name, s in old.stored_states()}
         for name, _, entry in entries.get(key, []):
-            (weight if name == "weight" else states[name]).shards.append(entry)
+            states[name].shards.append(entry)
         kind = plan.plan[old.collection][old.name].sharding_type.value
-        tables[key] = dataclasses.replace(old, sharding_type=kind, weight=weight, optimizer_state=states)
+        tables[key] = dataclasses.replace(
+            old,
+            sharding_type=kind,
+            weight=states.pop("weight"),
+            row_counts=states.pop(ROW_COUNTS, None),
+            optimizer_state=states,
+        )
     return tables
 
 

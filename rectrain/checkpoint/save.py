@@ -36,6 +36,8 @@ from rectrain.checkpoint.manifest import (
     LATEST,
     MANIFEST,
     PER_ELEMENT,
+    PER_ROW,
+    ROW_COUNTS,
     Manifest,
     dtype_name,
     rank_file,
@@ -110,6 +112,12 @@ def _table_snapshot(model: nn.Module, rank: int, copy: bool) -> tuple[dict[str, 
                     name, {"kind": kind, "dtype": dtype_name(state.dtype), "shards": []}
                 )
                 slot["shards"].append(_shard_dict(file, f"{base}/{name}", piece, state, rank))
+            if piece.counts is not None:
+                tensors[f"{base}/{ROW_COUNTS}"] = _copy(piece.counts, copy)
+                slot = entry.setdefault(
+                    ROW_COUNTS, {"kind": PER_ROW, "dtype": dtype_name(torch.int32), "shards": []}
+                )
+                slot["shards"].append(_shard_dict(file, f"{base}/{ROW_COUNTS}", piece, piece.counts, rank))
         tables[key] = entry
     return tensors, tables
 
@@ -218,16 +226,21 @@ def _merge_tables(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for payload in payloads:
         for key, part in payload["tables"].items():
+            fields = {k: v for k, v in part.items() if k != ROW_COUNTS}
             entry = merged.setdefault(
-                key, {**part, "weight": {**part["weight"], "shards": []}, "optimizer_state": {}}
+                key, {**fields, "weight": {**part["weight"], "shards": []}, "optimizer_state": {}}
             )
             entry["weight"]["shards"] += part["weight"]["shards"]
             entry["weight"]["dtype"] = entry["weight"]["dtype"] or part["weight"]["dtype"]
             for name, state in part["optimizer_state"].items():
                 slot = entry["optimizer_state"].setdefault(name, {**state, "shards": []})
                 slot["shards"] += state["shards"]
+            if ROW_COUNTS in part:  # only ranks holding a counted shard of the table send counts
+                slot = entry.setdefault(ROW_COUNTS, {**part[ROW_COUNTS], "shards": []})
+                slot["shards"] += part[ROW_COUNTS]["shards"]
     for entry in merged.values():
-        for state in [entry["weight"], *entry["optimizer_state"].values()]:
+        counts = [entry[ROW_COUNTS]] if entry.get(ROW_COUNTS) else []
+        for state in [entry["weight"], *entry["optimizer_state"].values(), *counts]:
             state["shards"].sort(key=lambda s: (s["row_offset"], s["col_offset"]))
     return merged
 

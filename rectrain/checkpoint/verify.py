@@ -74,7 +74,7 @@ def _wanted_tensors(manifest: Manifest) -> dict[str, list[tuple[str, tuple[int, 
     """``{file: [(tensor, shape, what)]}`` of every tensor the manifest names."""
     wanted: dict[str, list[tuple[str, tuple[int, ...], str]]] = {}
     for key, table in manifest.tables.items():
-        for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
+        for name, state in table.stored_states():
             for s in state.shards:
                 wanted.setdefault(s.file, []).append((s.tensor, tuple(s.shape), f"{key} {name}"))
     for name, dense in manifest.dense_params.items():
@@ -86,7 +86,7 @@ def _shape_problems(manifest: Manifest) -> list[str]:
     """Recorded tensor shapes that do not fit their shard's rectangle."""
     problems = []
     for key, table in manifest.tables.items():
-        for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
+        for name, state in table.stored_states():
             for s in state.shards:
                 expected = _expected_shape(state.kind, s)
                 if expected is not None and tuple(s.shape) != expected:
@@ -100,7 +100,7 @@ def layout_problems(manifest: Manifest) -> list[str]:
     """Coverage, overlap and shape problems of the manifest alone (cheap: no file is opened)."""
     problems = []
     for key, table in manifest.tables.items():
-        for name, state in [("weight", table.weight), *table.optimizer_state.items()]:
+        for name, state in table.stored_states():
             problems += _coverage(f"table {table.name!r} ({key}) {name}", state, table.global_shape)
     return problems + _shape_problems(manifest)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from rectrain.distributed import DistributedModelParallel, ShardingEnv
 from rectrain.distributed.parallel.model_parallel import find_collections
+from rectrain.distributed.sharded.row_counts import track_row_counts
 from rectrain.embedding.backward_choice import BackwardChoice, cpu_backward_choice
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
@@ -201,6 +202,8 @@ def build_training(config: RunConfig, env: ShardingEnv | None) -> TrainingModel:
             batch_size=config.train.batch_size,
             topology=topology,
         )
+        if config.train.row_counts:
+            track_row_counts(model)
         sparse, inner, collections = model.fused_optimizer, model.module, model.sharded_modules()
         cpu_backward = next(iter(model.cpu_backward.values()))
     else:

@@ -162,6 +162,9 @@ class TrainConfig:
     ``$RECTRAIN_DISK_TABLES_DIR``, else ``<tmp>/rectrain-disk-tables``; local disk). ``disk_cache_mb``:
     resident megabytes each disk kernel may keep before its pages are written back and dropped (default: no
     bound of its own; the page cache under the process's memory cap is the cache). See docs/disk-tables.md.
+    ``row_counts``: count the lookups of every row of the sharded tables (an int32 per row, on the rank that
+    owns the row), saved in checkpoints for ``recserve export --prune`` (``rectrain.distributed.sharded.
+    row_counts``; its cost is measured by ``python -m bench prune``).
     """
 
     batch_size: int = field(default=512, metadata=positive())
@@ -182,6 +185,7 @@ class TrainConfig:
     metrics_port: int | None = field(default=None, metadata=positive())
     disk_tables_dir: str | None = None
     disk_cache_mb: float | None = field(default=None, metadata=non_negative())
+    row_counts: bool = True
 
 
 @dataclass

@@ -34,7 +34,8 @@ from rectrain.distributed.sharded import weights as shard_weights
 from rectrain.distributed.sharded.data_parallel import DataParallelTables
 from rectrain.distributed.sharded.dense_data_parallel import DenseDataParallelTables
 from rectrain.distributed.sharded.lookup import lookup
-from rectrain.distributed.sharded.table import ShardedTable
+from rectrain.distributed.sharded.row_counts import RowCounts
+from rectrain.distributed.sharded.table import ShardedTable, shard_tables_of
 from rectrain.distributed.sharded.torch_state import install_state_dict_hooks
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import FusedOptimizerConfig, PoolingType
@@ -42,7 +43,7 @@ from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table
 from rectrain.embedding.table_batch import pooling_mode
 from rectrain.errors import ConfigError
-from rectrain.planner.types import ParameterSharding, Shard
+from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 
@@ -128,6 +129,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._columns = self._output_columns(dp_tables)
         self._prefetched: tuple[KeyedJaggedTensor, LocalFeatures, Pending] | None = None
+        self.row_counts: RowCounts | None = None  # off until ``track_row_counts``
         # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
         install_state_dict_hooks(self)
         self._fused_optimizer = shard_weights.fused_optimizer(
@@ -190,6 +192,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             shard_input = to_shard_input(
                 len(self.routing.streams[self.env.rank]), lengths, values, weights, batches
             )
+            if self.row_counts is not None and self.training:
+                self.row_counts.observe(shard_input)
             pooled = lookup(self.embedding_bags, shard_input, self._device)
             received = self._assembler.send(pooled, batches, self.env.pg).wait()
             outputs.append(self._assembler.assemble(received, local.lengths))
@@ -216,6 +220,27 @@ class ShardedEmbeddingBagCollection(nn.Module):
             self.embedding_bags,
             self.data_parallel,
         )
+
+    def track_row_counts(self) -> None:
+        """Count, from now on, the lookups of every row of this rank's shards while training (see
+        ``row_counts``); a no-op when already counting or when the rank holds no shard."""
+        if self.row_counts is None and self.embedding_bags is not None:
+            self.row_counts = RowCounts(self.embedding_bags)
+
+    def sharded_row_counts(self) -> dict[str, list[tuple[Shard, Tensor]]]:
+        """``embedding_bags.<table>.weight`` -> this rank's ``(shard, int32 counts [num_rows])`` of every
+        counted (routed) table; empty when not counting."""
+        if self.row_counts is None:
+            return {}
+        counts = self.row_counts
+        return {
+            f"embedding_bags.{table.name}.weight": [
+                (shard, counts.of(name))
+                for name, shard in shard_tables_of(table, self._shardings[table.name], self.env.rank)
+            ]
+            for table in self._tables
+            if self._shardings[table.name].sharding_type is not ShardingType.DATA_PARALLEL
+        }
 
     def extra_repr(self) -> str:
         return shard_weights.describe(self.env, self._shardings)
