@@ -21,12 +21,24 @@ import torch.distributed as dist
 
 from rectrain.test_utils import get_free_port, init_distributed_single_host, seed_and_log
 
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "GLOO_DEVICE_TRANSPORT", "NCCL_SOCKET_IFNAME")
 
-def _reraise_picklable(callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run ``callable``; an exception comes back as a RuntimeError holding its traceback (the original may
-    not pickle across the process boundary)."""
+
+def _rendezvous_env() -> dict[str, str]:
+    """The test's rendezvous variables (a forkserver started before ``setUp`` would not pass them on)."""
+    return {k: os.environ[k] for k in _RENDEZVOUS if k in os.environ}
+
+
+def _in_env(env: dict[str, str], callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    os.environ.update(env)
+    return callable(*args, **kwargs)
+
+
+def _reraise_picklable(env: dict[str, str], callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``callable`` in the rendezvous ``env``; an exception comes back as a RuntimeError holding its
+    traceback (the original may not pickle across the process boundary)."""
     try:
-        return callable(*args, **kwargs)
+        return _in_env(env, callable, *args, **kwargs)
     except Exception as e:
         raise RuntimeError(f"Worker raised {type(e).__name__}: {e}\n{traceback.format_exc()}") from None
 
@@ -95,7 +107,14 @@ class MultiProcessTestBase(unittest.TestCase):
         with context.Pool(processes=world_size) as pool:
             runs = [
                 pool.apply_async(
-                    functools.partial(_reraise_picklable, callable, **kwargs, world_size=world_size, rank=r)
+                    functools.partial(
+                        _reraise_picklable,
+                        _rendezvous_env(),
+                        callable,
+                        **kwargs,
+                        world_size=world_size,
+                        rank=r,
+                    )
                 )
                 for r in range(world_size)
             ]
@@ -116,7 +135,9 @@ class MultiProcessTestBase(unittest.TestCase):
         processes = []
         for rank in range(world_size):
             process = context.Process(
-                target=callable, kwargs={"rank": rank, "world_size": world_size, **kwargs_per_rank[rank]}
+                target=_in_env,
+                args=(_rendezvous_env(), callable),
+                kwargs={"rank": rank, "world_size": world_size, **kwargs_per_rank[rank]},
             )
             process.start()
             processes.append(process)

@@ -3,6 +3,9 @@ group on loopback; a rank that raises fails the test with its message."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -25,6 +28,16 @@ def _fails_on_rank_one(rank: int, world_size: int) -> None:
 
 
 class MultiProcessHarnessTest(MultiProcessTestBase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        # Other tests of the same pytest worker may have started the forkserver before any setUp set the
+        # rendezvous variables: start it so here, and the ranks must still find the test's group.
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(name, None)
+        process = multiprocessing.get_context("forkserver").Process(target=int)
+        process.start()
+        process.join()
+
     def test_ranks_share_a_gloo_group(self) -> None:
         self._run_multi_process_test(callable=_all_reduce, world_size=2, backend="gloo", scale=1)
 
