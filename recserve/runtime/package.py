@@ -390,8 +390,12 @@ def _checked(table: QuantizedTable, path: Path, shard: TableShard, rows: int | N
 
 def load_remaps(package_dir: str | Path, manifest: PackageManifest) -> dict[TableShard, Tensor]:
     """The index remap of every shard of a pruned table (see ``pruning``); empty for an unpruned package."""
+    pruned = pruning.pruned_shards(manifest.pruning, manifest.placement.shards)
+    if not pruned:
+        return {}
+    path = Path(package_dir) / pruning.REMAP_FILE
     where = str(Path(package_dir) / MANIFEST_FILE)
-    return pruning.load_remaps(package_dir, manifest.pruning, manifest.placement.shards, where)
+    return pruning.check_remaps(_load(path), path, manifest.pruning, pruned, where)
 
 
 def load_dense(package_dir: str | Path) -> dict[str, Tensor]:

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor
 
 from recserve.errors import PackageError
@@ -45,22 +43,16 @@ def stored_rows(pruning: dict[str, Any] | None, shard: TableShard, where: str) -
     return rows
 
 
-def load_remaps(
-    package_dir: str | Path, pruning: dict[str, Any] | None, shards: list[TableShard], where: str
-) -> dict[TableShard, Tensor]:
-    """The remap of every shard of a pruned table (none for an unpruned package), checked: int32, one entry
-    per id of the shard, each -1 or a stored row of it."""
-    pruned = [s for s in shards if pruning and s.table in pruning.get("tables", {})]
-    if not pruned:
-        return {}
-    path = Path(package_dir) / REMAP_FILE
-    from recserve.runtime.package import check_safetensors_file  # package imports this module
+def pruned_shards(pruning: dict[str, Any] | None, shards: list[TableShard]) -> list[TableShard]:
+    """The shards of the pruned tables (none for an unpruned package)."""
+    return [s for s in shards if pruning and s.table in pruning.get("tables", {})]
 
-    check_safetensors_file(path)
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError) as error:
-        raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
+
+def check_remaps(
+    tensors: dict[str, Tensor], path: Path, pruning: dict[str, Any], pruned: list[TableShard], where: str
+) -> dict[TableShard, Tensor]:
+    """The remap of every shard in ``pruned`` from ``path``'s ``tensors``, checked: int32, one entry per id of
+    the shard, each -1 or a stored row of it."""
     remaps = {}
     for shard in pruned:
         remap = tensors.get(remap_key(shard))
