@@ -96,8 +96,8 @@ def is_pipeline(directory: str | Path) -> bool:
     """Whether ``directory`` holds a pipeline package (its manifest names the pipeline format)."""
     try:
         return json.loads((Path(directory) / MANIFEST_FILE).read_text()).get("format") == FORMAT_NAME
-    except (OSError, ValueError, AttributeError):
-        return False
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False  # not a readable pipeline manifest: the package loader names the problem
 
 
 def read_pipeline(directory: str | Path, *, verify: bool = True) -> PipelineManifest:
@@ -107,6 +107,8 @@ def read_pipeline(directory: str | Path, *, verify: bool = True) -> PipelineMani
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise PackageError(f"{path}: cannot be read as JSON ({error})") from None
+    except RecursionError:  # json.loads recurses once per nested array or object
+        raise PackageError(f"{path}: nested too deeply to be a pipeline manifest") from None
     manifest = PipelineManifest.from_dict(data, str(path))
     if verify:
         verify_listed_files(directory, manifest.files, folders=STAGE_DIRS)
