@@ -37,6 +37,13 @@ TABLES: dict[str, list[str]] = {
         "train throughput publishing / not",
     ],
     "delta_overlay": ["overlay vs plain lookups", "overlay vs plain predict"],
+    "delta_apply": [],
+    "prune": [
+        "pruned / unpruned package bytes",
+        "pruned auc drop",
+        "pruned / unpruned load time",
+        "pruned / unpruned capacity",
+    ],
     "recommend": [
         "recommend p99 ms at 100 rps",
         "recommend capacity rps",
