@@ -9,6 +9,7 @@ trains the same model. The fused FBGEMM path (``fused_tables``) is the explicit 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -19,6 +20,8 @@ from rectrain.embedding.config import BaseEmbeddingConfig, DataType, EmbeddingBa
 from rectrain.embedding.feature_routing import KJTLike
 from rectrain.errors import ConfigError
 from rectrain.sparse import JaggedTensor
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {DataType.FP32: torch.float32, DataType.FP16: torch.float16, DataType.BF16: torch.bfloat16}
 
@@ -45,10 +48,22 @@ def _bag_mode(table: EmbeddingBagConfig, is_weighted: bool) -> str:
     return "sum"
 
 
+def _say_disk_tables_stay_in_ram(tables: Sequence[BaseEmbeddingConfig]) -> None:
+    """Disk storage lives in the fused kernels (``disk_tables``): say so rather than drop the choice."""
+    disk = [t.name for t in tables if t.storage == "disk"]
+    if disk:
+        logger.warning(
+            "tables %s ask for storage 'disk', but a collection without fused_optimizer= holds its tables as "
+            "plain parameters in RAM; build it with fused_optimizer= to keep them on disk",
+            disk,
+        )
+
+
 def dense_bags(
     tables: Sequence[EmbeddingBagConfig], is_weighted: bool, device: torch.device
 ) -> nn.ModuleDict:
     """``{table name: nn.EmbeddingBag}``; state-dict keys ``<table>.weight`` as TorchRec's."""
+    _say_disk_tables_stay_in_ram(tables)
     return nn.ModuleDict(
         {
             t.name: nn.EmbeddingBag(
@@ -65,6 +80,7 @@ def dense_bags(
 
 def dense_embeddings(tables: Sequence[BaseEmbeddingConfig], device: torch.device) -> nn.ModuleDict:
     """``{table name: nn.Embedding}``; state-dict keys ``<table>.weight`` as TorchRec's."""
+    _say_disk_tables_stay_in_ram(tables)
     return nn.ModuleDict(
         {t.name: nn.Embedding(t.num_embeddings, t.embedding_dim, _weight=_empty(t, device)) for t in tables}
     )

@@ -135,3 +135,21 @@ def test_storage_refusals(disk_dir: Path) -> None:
     # Refused before any CUDA call: the check runs before the kernel is built.
     with pytest.raises(ConfigError, match=r"tables \['t'\]: storage 'disk' runs on CPU only"):
         FusedTableBatch([table], PoolingMode.SUM, FusedOptimizerConfig(), torch.device("cuda"))
+
+
+def test_a_collection_without_a_fused_optimizer_says_its_disk_tables_stay_in_ram(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="rectrain.embedding.dense_tables"):
+        ebc = EmbeddingBagCollection(_tables("disk"))
+        ec = EmbeddingCollection(
+            [
+                EmbeddingConfig(
+                    name="s", embedding_dim=8, num_embeddings=50, feature_names=["q"], storage="disk"
+                )
+            ]
+        )
+    assert ebc.embedding_bags[_tables("disk")[0].name].weight.device.type == "cpu"
+    assert ec.embeddings["s"].weight.shape == (50, 8)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("storage 'disk'" in m and "fused_optimizer=" in m for m in messages)
