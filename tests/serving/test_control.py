@@ -33,8 +33,11 @@ def test_a_worker_that_starts_after_the_call_applies_it_before_the_call_answers(
         answers = []
         call = threading.Thread(target=lambda: answers.append(first.reload(repo / "2")))
         call.start()
-        time.sleep(0.5)
-        assert not answers and _versions(a, b) == ["2", "1"]  # waits for worker 1
+        deadline = time.monotonic() + 30  # worker 0 applies the call (a model load: slower on a busy machine)
+        while _versions(a, b)[0] != "2" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert not answers and _versions(a, b) == ["2", "1"]  # the call waits for worker 1
         late.start()
         call.join(30)
         assert answers == [("tiny", "2", True)] and _versions(a, b) == ["2", "2"]
