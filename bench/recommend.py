@@ -1,20 +1,23 @@
 """Recommend served: a two-tower + DLRM pipeline over an item catalogue, its index, latency and capacity.
 
-Builds (seeded random weights) a two-tower package (users x 64 and items x 64 tables, towers ending in 64
-dims) and a DLRM ranking package (user, item and genre features; user dense + one item dense column),
+Builds (seeded weights) a two-tower package (users x 64 and items x 64 tables, towers ending in 64 dims; the
+item rows drawn around 1,000 centres, as a trained item table clusters them) and a small DLRM ranking
+package (``ranking_config``: user, item and genre tables of 64 dims, bottom MLP 128-64, top MLP 256-64-1),
 writes a generated catalogue of ``--items`` items, exports the pipeline (the index chosen by size, its
 recall@100 measured against exact search on 256 sampled queries), then starts ``recserve serve <pipeline>``
 with ``--workers`` processes and calls ``Recommend`` over gRPC (N = ``--candidates`` ranked, K = ``--k``):
 
 1. closed loop: ``--concurrency`` callers, each sending its next request when the last returns: capacity;
-2. open loop: Poisson arrivals at ``--rate`` requests/s, latency from each request's scheduled arrival.
+2. open loop: Poisson arrivals at ``--rate`` requests/s, latency from each request's scheduled arrival;
+3. each worker's memory from ``/proc/<pid>/smaps_rollup``: what it alone holds (private dirty and anonymous
+   pages), beside the package's mapped files that every worker shares.
 
     .venv/bin/python bench/recommend.py [--items 1000000] [--candidates 1000] [--k 100] [--workers 2]
         [--rate 100] [--duration 10] [--concurrency 8] [--index-only]
 
 ``--index-only`` builds the index over ``--items`` synthetic clustered 64-dim embeddings and stops (the
 index build figure alone). Objective (issue 47, 1M items, quiet machine): p99 <= 30 ms at 100 rps,
-capacity >= 300 rps, ann recall@100 >= 0.95, index build <= 120 s.
+capacity >= 300 rps, ann recall@100 >= 0.95, index build <= 120 s, worker private memory <= 512 MB.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -47,16 +49,63 @@ from rectrain import EmbeddingBagConfig
 from rectrain.models import build_model
 from rectrain.models.config import ModelConfig
 
-USERS, GENRES, DIM, USER_DENSE = 100_000, 100, 64, 4
+USERS, GENRES, DIM, USER_DENSE, CLUSTERS = 100_000, 100, 64, 4, 1000
 
 
-def _export(out: Path, cfg: ModelConfig, name: str, seed: int) -> Path:
+def _export(out: Path, cfg: ModelConfig, name: str, seed: int, clustered: str = "") -> Path:
     torch.manual_seed(seed)
     state = build_model(cfg).state_dict()
+    if clustered:
+        # Trained towers place similar items together; seeded random rows would scatter them uniformly,
+        # which no index is built for. The item table's rows are drawn around CLUSTERS centres instead.
+        rows = state[clustered]
+        g = torch.Generator().manual_seed(seed)
+        centres = torch.randn(CLUSTERS, rows.shape[1], generator=g)
+        member = torch.randint(0, CLUSTERS, (rows.shape[0],), generator=g)
+        state[clustered] = (centres[member] + 0.5 * torch.randn(rows.shape, generator=g)) * 0.1
     return export_package(out, model_config=cfg, state_dict=state, model_name=name, force=True)
 
 
-def build_pipeline(root: Path, items: int, limits: Limits) -> Path:
+def ranking_config(items: int) -> ModelConfig:
+    """A small DLRM ranker: 64-dim rows of user (100k), item and genre (100, two per item) tables, the
+    user's 4 dense values and the item's popularity, bottom MLP 128-64, top MLP 256-64-1."""
+    return ModelConfig(
+        kind="dlrm",
+        tables=[
+            EmbeddingBagConfig(
+                name="r_user", num_embeddings=USERS, embedding_dim=DIM, feature_names=["user"]
+            ),
+            EmbeddingBagConfig(
+                name="r_item", num_embeddings=items, embedding_dim=DIM, feature_names=["item"]
+            ),
+            EmbeddingBagConfig(
+                name="genre_t", num_embeddings=GENRES, embedding_dim=DIM, feature_names=["genre"]
+            ),
+        ],
+        dense_in_features=USER_DENSE + 1,
+        dense_arch_layer_sizes=[128, DIM],
+        over_arch_layer_sizes=[256, 64, 1],
+    )
+
+
+def write_catalogue(path: Path, items: int) -> Path:
+    """``items`` rows: id, the item's own id, two genres, a popularity; written a block at a time."""
+    rng = np.random.default_rng(0)
+    with path.open("w") as f:
+        f.write("item_id\titem\tgenre\tdense:popularity\n")
+        for start in range(0, items, 100_000):
+            n = min(100_000, items - start)
+            genres = rng.integers(0, GENRES, (n, 2))
+            popularity = rng.random(n)
+            f.writelines(
+                f"{10_000_000 + start + i}\t{start + i}\t{g[0]},{g[1]}\t{p:.4f}\n"
+                for i, g, p in zip(range(n), genres.tolist(), popularity.tolist())
+            )
+    return path
+
+
+def build_pipeline(root: Path, items: int, limits: Limits) -> tuple[Path, float]:
+    """The pipeline package and the seconds ``export_pipeline`` took (catalogue, item tower, index)."""
     tower = ModelConfig(
         kind="two_tower",
         tables=[
@@ -70,31 +119,30 @@ def build_pipeline(root: Path, items: int, limits: Limits) -> Path:
         dense_in_features=0,
         tower_layer_sizes=[128, DIM],
     )
-    ranking = ModelConfig(
-        kind="dlrm",
-        tables=[
-            EmbeddingBagConfig(name="r_user", num_embeddings=USERS, embedding_dim=32, feature_names=["user"]),
-            EmbeddingBagConfig(name="r_item", num_embeddings=items, embedding_dim=32, feature_names=["item"]),
-            EmbeddingBagConfig(
-                name="genre_t", num_embeddings=GENRES, embedding_dim=32, feature_names=["genre"]
-            ),
-        ],
-        dense_in_features=USER_DENSE + 1,
-        dense_arch_layer_sizes=[64, 32],
-        over_arch_layer_sizes=[64, 1],
-    )
-    retrieval = _export(root / "tt", tower, "towers", 1)
-    rank = _export(root / "rank", ranking, "ranker", 2)
-    catalogue = root / "items.tsv"
-    rng = random.Random(0)
-    with catalogue.open("w") as f:
-        f.write("item_id\titem\tgenre\tdense:popularity\n")
-        for i in range(items):
-            genres = f"{rng.randrange(GENRES)},{rng.randrange(GENRES)}"
-            f.write(f"{10_000_000 + i}\t{i}\t{genres}\t{rng.random():.4f}\n")
-    return export_pipeline(
+    retrieval = _export(root / "tt", tower, "towers", 1, clustered="model.ebc.embedding_bags.item_t.weight")
+    rank = _export(root / "rank", ranking_config(items), "ranker", 2)
+    catalogue = write_catalogue(root / "items.tsv", items)
+    started = time.perf_counter()
+    out = export_pipeline(
         root / "pipe", retrieval=retrieval, ranking=rank, catalogue=catalogue, limits=limits
     )
+    return out, time.perf_counter() - started
+
+
+def worker_memory(server: int) -> list[dict[str, int]]:
+    """``/proc/<pid>/smaps_rollup`` of each serving worker (the server's spawned children), in kB."""
+    out = []
+    children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
+    for pid in children:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"resource_tracker" in cmdline:
+            continue
+        fields = {}
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0])
+        out.append(fields)
+    return out
 
 
 def request_for(user: int, args: argparse.Namespace) -> pb2.RecommendRequest:
@@ -172,6 +220,7 @@ def index_only(args: argparse.Namespace) -> None:
     _, choice = build_index(embeddings, queries, recall_at=100)
     print(f"index {choice.type} {json.dumps(choice.params)} over {args.items} items")
     print(f"ann recall@100 {choice.recall:.4f}")
+    print(f"index build cpu s {choice.build_cpu_seconds:.1f}")
     print(f"index build s {choice.build_seconds:.1f}")
 
 
@@ -196,26 +245,40 @@ def main() -> None:
         limits = Limits(
             num_candidates=args.candidates, max_candidates=max(4000, args.candidates), top_k=args.k
         )
-        pipeline = build_pipeline(Path(tmp), args.items, limits)
+        pipeline, export_s = build_pipeline(Path(tmp), args.items, limits)
         manifest = json.loads((pipeline / "manifest.json").read_text())
         index = manifest["index"]
-        print(f"pipeline export s {time.perf_counter() - started:.1f}")
+        package_mb = sum(f.stat().st_size for f in pipeline.rglob("*") if f.is_file()) / 2**20
+        print(f"setup s {time.perf_counter() - started:.1f} (stage packages, catalogue, pipeline)")
+        print(f"pipeline export s {export_s:.1f}")
         print(f"index {index['type']} {json.dumps(index['params'])} over {args.items} items")
+        print(f"pipeline package MB {package_mb:.0f}")
         port = free_port()
         proc = start_server(pipeline, port, args)
         try:
             stub = pb2_grpc.PredictorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
             capacity = closed_loop(stub, args)
             latencies = np.array(open_loop(stub, args)) * 1e3
+            memory = worker_memory(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+    print(f"load average {os.getloadavg()[0]:.1f} after the loops")
+    for i, m in enumerate(memory):
+        print(
+            f"worker {i} MB: rss {m['Rss'] / 1024:.0f}, pss {m['Pss'] / 1024:.0f}, "
+            f"private_dirty {m['Private_Dirty'] / 1024:.0f}, anonymous {m['Anonymous'] / 1024:.0f}"
+        )
+    # Anonymous pages are (nearly all) private dirty ones too: the larger of the two, not their sum.
+    private = max(max(m["Private_Dirty"], m["Anonymous"]) / 1024 for m in memory)
     print(f"items {args.items}")
     print(f"candidates per request {args.candidates}")
     print(f"recommend p50 ms at {args.rate:g} rps {np.percentile(latencies, 50):.2f}")
     print(f"recommend capacity rps {capacity:.1f}")
     print(f"ann recall@100 {index['recall']['value']:.4f}")
+    print(f"index build cpu s {index.get('build_cpu_seconds', 0):.1f}")
     print(f"index build s {index['build_seconds']:.2f}")
+    print(f"worker private MB {private:.0f}")
     print(f"recommend p99 ms at {args.rate:g} rps {np.percentile(latencies, 99):.2f}")
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,22 +83,73 @@ class Catalogue:
             with self.path.open(newline="", encoding="utf-8") as f:
                 names = next(csv.reader(f, delimiter="\t"), [])
         self.columns = _columns(names, str(self.path))
+        self.header = list(names)
 
     def batches(self, rows: int) -> Iterator[ItemBatch]:
-        """The catalogue, ``rows`` items at a time; ExportError naming the row and column of a bad cell."""
-        source = self._parquet_rows(rows) if self.parquet else self._tsv_rows(rows)
-        first = 0
-        for block in source:
-            yield self._batch(first, block)
-            first += len(block)
+        """The catalogue, at most ``rows`` items a batch; ExportError naming the row and column of a bad cell.
 
-    def _tsv_rows(self, rows: int) -> Iterator[list[tuple[int, list[str]]]]:
+        Columns are parsed vectorised (pyarrow); a block whose cells do not all parse that way is parsed again
+        cell by cell, which names the first bad cell (or accepts what Python's ``int``/``float`` accept)."""
+        first = 0
+        for names, table in self._arrow_blocks(rows):
+            for start in range(0, table.num_rows, rows):
+                part = table.slice(start, rows)
+                batch = _fast_batch(first, part, self.columns)
+                if batch is None:
+                    batch = self._batch(first, self._cells(first, part, names))
+                yield batch
+                first += len(batch)
+
+    def _arrow_blocks(self, rows: int) -> Iterator[tuple[list[str], object]]:
+        names = [ITEM_ID, *self.columns.sparse, *(DENSE_PREFIX + d for d in self.columns.dense)]
+        if self.parquet:
+            import pyarrow.parquet as pq
+
+            for record in pq.ParquetFile(self.path).iter_batches(batch_size=rows, columns=names):
+                yield names, record
+            return
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        done = 0
+        try:
+            reader = pcsv.open_csv(
+                self.path,
+                # About 32 bytes a row: a block of the file holds about ``rows`` rows.
+                read_options=pcsv.ReadOptions(block_size=max(1 << 16, 32 * rows), encoding="utf8"),
+                parse_options=pcsv.ParseOptions(delimiter="\t", ignore_empty_lines=False),
+                convert_options=pcsv.ConvertOptions(
+                    column_types={n: pa.string() for n in names},
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+            for record in reader:
+                yield self.header, record
+                done += record.num_rows
+        except (pa.ArrowInvalid, UnicodeDecodeError):
+            # A malformed line (a wrong number of cells, bad UTF-8): the csv module reads on from the
+            # rows already given and names the line.
+            for block in self._tsv_rows(rows, skip=done):
+                yield self.header, _strings_table(self.header, block)
+
+    def _cells(self, first: int, part, names: list[str]) -> list[tuple[int, list]]:
+        """The rows of an arrow block as Python cells with their line (TSV) or row (Parquet) number."""
+        order = [names.index(n) for n in (ITEM_ID, *self.columns.sparse)]
+        order += [names.index(DENSE_PREFIX + d) for d in self.columns.dense]
+        data = [part.column(i).to_pylist() for i in order]
+        base = first if self.parquet else first + 2  # TSV lines count from 1, after the header
+        return [(base + i, [column[i] for column in data]) for i in range(part.num_rows)]
+
+    def _tsv_rows(self, rows: int, skip: int = 0) -> Iterator[list[tuple[int, list[str]]]]:
         width = 1 + len(self.columns.sparse) + len(self.columns.dense)
         block: list[tuple[int, list[str]]] = []
         with self.path.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f, delimiter="\t")
             next(reader, None)
             for line, cells in enumerate(reader, start=2):
+                if line - 2 < skip:
+                    continue
                 if len(cells) != width:
                     raise ExportError(f"{self.path}:{line}: {len(cells)} columns, the header has {width}")
                 block.append((line, cells))
@@ -105,19 +157,6 @@ class Catalogue:
                     yield block
                     block = []
         if block:
-            yield block
-
-    def _parquet_rows(self, rows: int) -> Iterator[list[tuple[int, list[object]]]]:
-        import pyarrow.parquet as pq
-
-        names = [ITEM_ID, *self.columns.sparse, *(DENSE_PREFIX + d for d in self.columns.dense)]
-        line = 0
-        for record in pq.ParquetFile(self.path).iter_batches(batch_size=rows, columns=names):
-            data = [record.column(n).to_pylist() for n in names]
-            block = []
-            for i in range(record.num_rows):
-                block.append((line + i, [column[i] for column in data]))
-            line += record.num_rows
             yield block
 
     def _batch(self, first: int, block: list[tuple[int, list]]) -> ItemBatch:
@@ -173,3 +212,94 @@ def _float(cell: object, where: str) -> float:
     if not math.isfinite(value):
         raise ExportError(f"{where}: expected a finite float, got {value}")
     return value
+
+
+def _strings_table(names: list[str], block: list[tuple[int, list[str]]]):
+    import pyarrow as pa
+
+    return pa.table({n: [cells[j] for _, cells in block] for j, n in enumerate(names)})
+
+
+def _fast_batch(first: int, part, columns: CatalogueColumns) -> ItemBatch | None:
+    """The block parsed column by column, or None if a cell does not parse that way (then cell by cell)."""
+    import pyarrow as pa
+
+    try:
+        ids = _int_column(part.column(ITEM_ID))
+        if ids is None:
+            return None
+        sparse = {}
+        for name in columns.sparse:
+            bag = _bag_column(part.column(name))
+            if bag is None:
+                return None
+            sparse[name] = bag
+        dense = np.zeros((part.num_rows, len(columns.dense)), dtype=np.float32)
+        for j, name in enumerate(columns.dense):
+            column = part.column(DENSE_PREFIX + name)
+            if column.null_count:
+                return None
+            values = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            if not np.isfinite(values).all():
+                return None
+            dense[:, j] = values
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return ItemBatch(first, torch.from_numpy(ids), sparse, torch.from_numpy(dense))
+
+
+def _int_column(column) -> np.ndarray | None:
+    """Non-negative int64 ids of a column of integers or of decimal strings; None if any is not one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        return None
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = column.cast(pa.int64())
+    elif pa.types.is_integer(column.type):
+        big = pa.types.is_unsigned_integer(column.type) and column.type.bit_width == 64
+        if big and len(column) and pc.max(column).as_py() >= 2**63:
+            return None
+        column = column.cast(pa.int64())
+    else:
+        return None
+    values = np.array(column.to_numpy(zero_copy_only=False), dtype=np.int64)  # writable, for torch
+    if values.size and values.min() < 0:
+        return None
+    return values
+
+
+def _bag_column(column) -> tuple[Tensor, Tensor] | None:
+    """``(lengths, values)`` of a sparse column: ``a,b`` strings (empty: no id), integers or lists of them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        if column.null_count:
+            return None
+        empty = pc.equal(column, "").to_numpy(zero_copy_only=False)
+        column = pc.split_pattern(column, ",")
+        lengths = np.array(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
+        lengths[empty] = 0
+        cells = pc.utf8_trim_whitespace(pc.list_flatten(column))
+        if empty.any():
+            # An empty cell splits into one "" (no id): drop exactly those.
+            keep = np.repeat(~empty, pc.list_value_length(column).to_numpy(zero_copy_only=False))
+            cells = cells.filter(pa.array(keep))
+        values = _int_column(cells)
+    elif pa.types.is_integer(kind):
+        lengths = np.where(column.is_valid().to_numpy(zero_copy_only=False), 1, 0).astype(np.int64)
+        values = _int_column(column.drop_null())
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if not pa.types.is_integer(kind.value_type):
+            return None
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+        lengths = np.array(lengths, dtype=np.int64)
+        values = _int_column(pc.list_flatten(column))
+    else:
+        return None
+    if values is None or int(lengths.sum()) != values.size:
+        return None
+    return torch.from_numpy(lengths), torch.from_numpy(values)

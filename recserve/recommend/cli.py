@@ -28,7 +28,7 @@ def add_pipeline_command(subparsers) -> None:
     for name in ("num_candidates", "max_candidates", "top_k", "max_k", "max_exclude"):
         flag = "--" + name.replace("_", "-")
         p.add_argument(flag, type=int, default=getattr(defaults, name), help="default %(default)s")
-    p.add_argument("--batch-rows", type=int, default=8192, help="catalogue rows embedded at once")
+    p.add_argument("--batch-rows", type=int, default=65_536, help="catalogue rows read and embedded at once")
     p.add_argument("--model-name", default="recommend")
     p.add_argument("--version", default="1")
     p.add_argument("--overwrite", action="store_true")

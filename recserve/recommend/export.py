@@ -138,7 +138,7 @@ def export_pipeline(
     index: str = "auto",
     target_recall: float = 0.95,
     recall_queries: int = 256,
-    batch_rows: int = 8192,
+    batch_rows: int = 65_536,
     model_name: str = "recommend",
     version: str = "1",
     overwrite: bool = False,

@@ -171,7 +171,7 @@ class RecommendPipeline:
         scores = self._rank(merged, torch.cat([u.dense for u in users]), candidates)
         out = []
         for user, rows, score in zip(users, candidates, scores):
-            order = torch.sort(score, descending=True, stable=True).indices[: user.k]
+            order = _top(score, user.k)
             out.append(
                 Recommendation(self.items.item_ids[rows[order]].clone(), score[order].clone(), len(rows))
             )
@@ -213,3 +213,14 @@ class RecommendPipeline:
         kjt = bags_to_kjt(self.ranker.metadata.feature_names, bags, total)
         scores = self.ranker.predict(dense, kjt, checked=True)
         return list(torch.split(scores, counts.tolist()))
+
+
+def _top(scores: Tensor, k: int) -> Tensor:
+    """Positions of the ``k`` best scores, best first; equal scores keep the retrieval's order (topk's
+    order among ties is unspecified, so ties at the boundary are settled by a stable sort of the few)."""
+    k = min(k, scores.numel())
+    if k == scores.numel():
+        return torch.sort(scores, descending=True, stable=True).indices
+    kth = torch.topk(scores, k, sorted=False).values.min()
+    better = torch.nonzero(scores >= kth).reshape(-1)  # the top k, and any ties of the k-th score
+    return better[torch.sort(scores[better], descending=True, stable=True).indices[:k]]

@@ -83,8 +83,12 @@ def load_runner(
 
 def load_recommender(pipeline_dir: Path, metrics: ServerMetrics) -> RecommendService:
     """Loads a pipeline package (every file verified) behind its own batcher, and warms it up."""
+    from recserve.recommend.index import set_search_threads
     from recserve.recommend.pipeline import RecommendPipeline
 
+    # The index searches on as many threads as torch computes on (one per worker when the CPUs are shared
+    # out between workers): faiss's default, every CPU in each worker, oversubscribes them.
+    set_search_threads(torch.get_num_threads())
     service = RecommendService(RecommendPipeline.load(pipeline_dir), metrics)
     plan = service.pipeline.plan
     # Warm-up: one request of an all-zero user through every stage.
