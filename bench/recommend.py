@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -154,18 +155,20 @@ def request_for(user: int, args: argparse.Namespace) -> pb2.RecommendRequest:
     return req
 
 
-def closed_loop(stub, args: argparse.Namespace) -> float:
-    """Requests/s with ``--concurrency`` callers for ``--duration`` s (after 2 s of warm-up)."""
+def closed_loop(stub, args: argparse.Namespace, batch_candidates: list[int]) -> float:
+    """Requests/s with ``--concurrency`` callers for ``--duration`` s (after 2 s of warm-up); each reply's
+    batch (candidates ranked in it) goes to ``batch_candidates``."""
     requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
     done, stop, start = [0], threading.Event(), [0.0]
 
     def caller(seed: int) -> None:
         i = seed
         while not stop.is_set():
-            stub.Recommend(requests[i % len(requests)], timeout=30)
+            reply = stub.Recommend(requests[i % len(requests)], timeout=30)
             i += args.concurrency
             if start[0]:
                 done[0] += 1
+                batch_candidates.append(reply.timings.executed_batch_size)
 
     threads = [threading.Thread(target=caller, args=(c,), daemon=True) for c in range(args.concurrency)]
     for t in threads:
@@ -203,9 +206,23 @@ def open_loop(stub, args: argparse.Namespace) -> list[float]:
     return latencies
 
 
-def start_server(pipeline: Path, port: int, args: argparse.Namespace) -> subprocess.Popen:
+def stage_seconds(metrics_port: int) -> dict[str, tuple[float, float]]:
+    """``{stage: (seconds summed, batches)}`` from the server's ``recserve_recommend_stage_seconds``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part, slot in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith("recserve_recommend_stage_seconds" + part):
+                stage = line.split('stage="', 1)[1].split('"', 1)[0]
+                out.setdefault(stage, [0.0, 0.0])[slot] += float(line.rsplit(" ", 1)[1])
+    return {stage: (total, count) for stage, (total, count) in out.items()}
+
+
+def start_server(pipeline: Path, port: int, metrics_port: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(pipeline), "--port", str(port)]
-    cmd += ["--metrics-port", "-1", "--admin-port", "-1", "--workers", str(args.workers)]
+    cmd += ["--metrics-port", str(metrics_port), "--admin-port", "-1", "--workers", str(args.workers)]
+    # The loops measure queueing themselves: the server's shedding of a lagging queue would end them.
+    cmd += ["--max-queue-lag-ms", "0"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return wait_serving(subprocess.Popen(cmd, env=env), port, timeout_s=900)  # verifies every file first
 
@@ -234,13 +251,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--index-only", action="store_true")
+    parser.add_argument("--workdir", default=None, help="where the packages are built (a temporary folder)")
     args = parser.parse_args()
     print_machine()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     if args.index_only:
         index_only(args)
         return
-    with tempfile.TemporaryDirectory(prefix="bench-recommend-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-recommend-", dir=args.workdir) as tmp:
         started = time.perf_counter()
         limits = Limits(
             num_candidates=args.candidates, max_candidates=max(4000, args.candidates), top_k=args.k
@@ -253,17 +271,25 @@ def main() -> None:
         print(f"pipeline export s {export_s:.1f}")
         print(f"index {index['type']} {json.dumps(index['params'])} over {args.items} items")
         print(f"pipeline package MB {package_mb:.0f}")
-        port = free_port()
-        proc = start_server(pipeline, port, args)
+        port, metrics_port = free_port(), free_port()
+        proc = start_server(pipeline, port, metrics_port, args)
+        batch_candidates: list[int] = []
         try:
             stub = pb2_grpc.PredictorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-            capacity = closed_loop(stub, args)
+            before = stage_seconds(metrics_port)
+            capacity = closed_loop(stub, args, batch_candidates)
+            after = stage_seconds(metrics_port)
             latencies = np.array(open_loop(stub, args)) * 1e3
             memory = worker_memory(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            proc.wait(300)
     print(f"load average {os.getloadavg()[0]:.1f} after the loops")
+    batches = after.get("ranking", (0, 0))[1] - before.get("ranking", (0, 0))[1]
+    print(f"closed loop: requests per batch {np.mean(batch_candidates) / args.candidates:.2f}")
+    for stage, (total, _) in after.items():
+        per_batch = (total - before.get(stage, (0, 0))[0]) / max(batches, 1)
+        print(f"closed loop: {stage} ms per batch {per_batch * 1e3:.2f}")
     for i, m in enumerate(memory):
         print(
             f"worker {i} MB: rss {m['Rss'] / 1024:.0f}, pss {m['Pss'] / 1024:.0f}, "

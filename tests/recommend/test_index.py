@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recserve.recommend.index import build_index, read_index, recall, search, write_index
+from recserve.recommend import index as index_module
+from recserve.recommend.index import (
+    TRAIN_ROWS,
+    build_index,
+    ivf_shape,
+    read_index,
+    recall,
+    search,
+    write_index,
+)
 
 
 def test_ivf_reaches_the_target_recall_and_reads_back_mapped(tmp_path):
@@ -32,3 +41,17 @@ def test_small_catalogues_search_exactly():
     assert choice.type == "flat"
     assert recall(np.array([[1, 2, -1]]), np.array([[2, 1, 3]])) == 2 / 3
     assert index.ntotal == 500
+
+
+def test_exact_search_by_blocks_equals_brute_force(monkeypatch):
+    monkeypatch.setattr(index_module, "_ADD_ROWS", 70)  # several blocks, the last one short
+    g = torch.Generator().manual_seed(1)
+    embeddings, queries = torch.randn(500, 8, generator=g), torch.randn(6, 8, generator=g)
+    expected = torch.topk(queries @ embeddings.T, 25).indices
+    assert torch.equal(index_module.exact_search(embeddings, queries, 25), expected)
+
+
+def test_ivf_trains_on_a_sample_of_a_large_catalogue():
+    nlist, train_rows = ivf_shape(1_000_000)
+    assert nlist == 2000 and train_rows == max(TRAIN_ROWS, 39 * nlist) < 100_000
+    assert ivf_shape(6000) == (153, 6000)  # a small catalogue trains on every item
