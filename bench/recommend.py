@@ -183,13 +183,22 @@ def closed_loop(stub, args: argparse.Namespace, batch_candidates: list[int]) -> 
     return count / elapsed
 
 
-def open_loop(stub, args: argparse.Namespace) -> list[float]:
-    """Latencies (s) of Poisson arrivals at ``--rate``, each from its scheduled arrival."""
+def open_loop(stub, args: argparse.Namespace) -> tuple[list[float], int]:
+    """Latencies (s) of Poisson arrivals at ``--rate``, each from its scheduled arrival, of the requests
+    answered; and how many were not (an error, such as the 30 s deadline of a queue that keeps growing)."""
     requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
     rng = np.random.default_rng(0)
     gaps = rng.exponential(1.0 / args.rate, int(args.rate * args.duration))
     latencies: list[float] = []
+    failed = [0]
     futures = []
+
+    def done(future, scheduled: float) -> None:
+        if future.exception() is None:
+            latencies.append(time.perf_counter() - scheduled)
+        else:
+            failed[0] += 1
+
     begin = time.perf_counter() + 0.1
     at = begin
     for i, gap in enumerate(gaps):
@@ -199,11 +208,11 @@ def open_loop(stub, args: argparse.Namespace) -> list[float]:
             time.sleep(delay)
         future = stub.Recommend.future(requests[i % len(requests)], timeout=30)
         scheduled = at
-        future.add_done_callback(lambda f, s=scheduled: latencies.append(time.perf_counter() - s))
+        future.add_done_callback(lambda f, s=scheduled: done(f, s))
         futures.append(future)
     for f in futures:
-        f.result()
-    return latencies
+        f.exception()
+    return latencies, failed[0]
 
 
 def stage_seconds(metrics_port: int) -> dict[str, tuple[float, float]]:
@@ -221,8 +230,9 @@ def stage_seconds(metrics_port: int) -> dict[str, tuple[float, float]]:
 def start_server(pipeline: Path, port: int, metrics_port: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(pipeline), "--port", str(port)]
     cmd += ["--metrics-port", str(metrics_port), "--admin-port", "-1", "--workers", str(args.workers)]
-    # The loops measure queueing themselves: the server's shedding of a lagging queue would end them.
-    cmd += ["--max-queue-lag-ms", "0"]
+    # The loops measure queueing themselves: the server's shedding (a lagging queue, too many in flight)
+    # would only hide it.
+    cmd += ["--max-queue-lag-ms", "0", "--max-inflight", "4096", "--max-queue-size", "4096"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return wait_serving(subprocess.Popen(cmd, env=env), port, timeout_s=900)  # verifies every file first
 
@@ -279,7 +289,9 @@ def main() -> None:
             before = stage_seconds(metrics_port)
             capacity = closed_loop(stub, args, batch_candidates)
             after = stage_seconds(metrics_port)
-            latencies = np.array(open_loop(stub, args)) * 1e3
+            print(f"recommend capacity rps {capacity:.1f}", flush=True)
+            answered, failed = open_loop(stub, args)
+            latencies = np.array(answered) * 1e3
             memory = worker_memory(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -301,6 +313,7 @@ def main() -> None:
     print(f"candidates per request {args.candidates}")
     print(f"recommend p50 ms at {args.rate:g} rps {np.percentile(latencies, 50):.2f}")
     print(f"recommend capacity rps {capacity:.1f}")
+    print(f"recommend open loop requests not answered {failed}")
     print(f"ann recall@100 {index['recall']['value']:.4f}")
     print(f"index build cpu s {index.get('build_cpu_seconds', 0):.1f}")
     print(f"index build s {index['build_seconds']:.2f}")
