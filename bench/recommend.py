@@ -232,7 +232,7 @@ def start_server(pipeline: Path, port: int, metrics_port: int, args: argparse.Na
     cmd += ["--metrics-port", str(metrics_port), "--admin-port", "-1", "--workers", str(args.workers)]
     # The loops measure queueing themselves: the server's shedding (a lagging queue, too many in flight)
     # would only hide it.
-    cmd += ["--max-queue-lag-ms", "0", "--max-inflight", "4096", "--max-queue-size", "4096"]
+    cmd += ["--max-queue-lag-ms", "0", "--grpc-threads", "512", "--max-inflight", "512"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return wait_serving(subprocess.Popen(cmd, env=env), port, timeout_s=900)  # verifies every file first
 
@@ -290,6 +290,7 @@ def main() -> None:
             capacity = closed_loop(stub, args, batch_candidates)
             after = stage_seconds(metrics_port)
             print(f"recommend capacity rps {capacity:.1f}", flush=True)
+            steady = worker_memory(proc.pid)  # after the closed loop: a worker's steady serving state
             answered, failed = open_loop(stub, args)
             latencies = np.array(answered) * 1e3
             memory = worker_memory(proc.pid)
@@ -302,6 +303,8 @@ def main() -> None:
     for stage, (total, _) in after.items():
         per_batch = (total - before.get(stage, (0, 0))[0]) / max(batches, 1)
         print(f"closed loop: {stage} ms per batch {per_batch * 1e3:.2f}")
+    for i, m in enumerate(steady):
+        print(f"worker {i} after the closed loop: private_dirty MB {m['Private_Dirty'] / 1024:.0f}")
     for i, m in enumerate(memory):
         print(
             f"worker {i} MB: rss {m['Rss'] / 1024:.0f}, pss {m['Pss'] / 1024:.0f}, "
