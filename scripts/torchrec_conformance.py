@@ -162,8 +162,11 @@ _FROM = re.compile(r"^(\s*)from torchrec(\.|\s)", re.MULTILINE)
 _IMPORT_AS = re.compile(r"^(\s*)import torchrec(\.[\w.]+)? as ", re.MULTILINE)
 _IMPORT = re.compile(r"^(\s*)import torchrec(\.[\w.]+)?\s*$", re.MULTILINE)
 # unittest.mock imports its string targets: patch("torchrec.x.y") is an import of torchrec.x; so is a
-# module-path constant that tests build targets from (``THROUGHPUT_PATH = "torchrec.metrics.throughput"``).
-_PATCH = re.compile(r"""(\bpatch\(\s*["']|^[A-Z_]+_PATH\s*=\s*["'])torchrec\.""", re.MULTILINE)
+# module-path constant that tests build targets from (``THROUGHPUT_PATH = "torchrec.metrics.throughput"``),
+# and a module's logger that a test listens on (``assertLogs("torchrec.x.y")``, named by ``__name__``).
+_PATCH = re.compile(
+    r"""(\bpatch\(\s*["']|\bassertLogs\(\s*["']|^[A-Z_]+_PATH\s*=\s*["'])torchrec\.""", re.MULTILINE
+)
 
 
 def rewrite(source: str, package: str) -> str:
@@ -307,7 +310,7 @@ def other_test_files(src: Path) -> list[str]:
     return [
         f
         for f in found
-        if f not in skip and "/planner/tests/" not in f and "/distributed/test_utils/" not in f
+        if f not in skip and "/distributed/planner/" not in f and "/distributed/test_utils/" not in f
     ]
 
 
