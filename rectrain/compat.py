@@ -90,19 +90,20 @@ def data_parallel(
     process_group: dist.ProcessGroup | None,
     ignored: set[str],
     separate_buffer_sync: bool | None = None,
+    options: dict | None = None,
 ) -> DistributedDataParallel:
     """``DistributedDataParallel`` over ``module``'s trainable parameters (not those named in ``ignored``),
     gradients as bucket views, buffers synced once at construction and never before a forward (a collective
     and a sync point per step for buffers that never change, e.g. DLRM's triu indices).
-    ``separate_buffer_sync`` overrides what the running torch has (tests)."""
+    ``separate_buffer_sync`` overrides what the running torch has (tests); ``options`` are more
+    ``DistributedDataParallel`` arguments (a ``DefaultDataParallelWrapper``'s)."""
     separate = has_forward_sync_buffers() if separate_buffer_sync is None else separate_buffer_sync
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(ignored))
     wrapped = DistributedDataParallel(
         module,
         device_ids=device_ids,
         process_group=process_group,
-        gradient_as_bucket_view=True,
-        **buffers_once_kwargs(separate),
+        **{"gradient_as_bucket_view": True, **buffers_once_kwargs(separate), **(options or {})},
     )
     if not separate:
         broadcast_buffers(module, ignored, process_group)

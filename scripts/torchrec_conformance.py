@@ -20,16 +20,23 @@ counts. Examples run with reduced sizes through their own arguments (``EXAMPLES`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Issue 46's measure: per file, the tests that pass under TorchRec on CPU (``--measure --package torchrec``).
+REFERENCE = ROOT / "scripts" / "torchrec_reference_counts.json"
 
 # The unit-test files of issue 36 (each passes under TorchRec 1.8.0 on CPU).
 TESTS = [
@@ -86,6 +93,18 @@ TESTS = [
     # issue 46 (shard, multi_process, comm_ops): TorchRec's multi-process harness on gloo; the test that runs
     # on CPU (its other 6 need NCCL) all-gathers through comm_ops.all_gather_base_pooled.
     "torchrec/distributed/tests/test_comm.py",
+    # issue 46's measure: files that pass whole against rectrain in seconds (the sparse types; lazy awaitables
+    # as TorchRec's, proxied under torch.fx; gradient accumulation; SwishLayerNorm; utils.experimental)
+    "torchrec/sparse/tests/test_jagged_tensor.py",
+    "torchrec/sparse/tests/test_jagged_tensor_validator.py",
+    "torchrec/sparse/tests/test_keyed_jagged_tensor.py",
+    "torchrec/sparse/tests/test_keyed_tensor.py",
+    "torchrec/distributed/tests/test_awaitable.py",
+    "torchrec/distributed/tests/test_lazy_awaitable.py",
+    "torchrec/fx/tests/test_tracer.py",
+    "torchrec/distributed/train_pipeline/tests/test_gradient_accumulation.py",
+    "torchrec/modules/tests/test_activation.py",
+    "torchrec/utils/tests/test_experimental.py",
 ]
 
 _SMALL = "num_embeddings=1000, embedding_dim=16, num_iterations=20"
@@ -155,8 +174,11 @@ _FROM = re.compile(r"^(\s*)from torchrec(\.|\s)", re.MULTILINE)
 _IMPORT_AS = re.compile(r"^(\s*)import torchrec(\.[\w.]+)? as ", re.MULTILINE)
 _IMPORT = re.compile(r"^(\s*)import torchrec(\.[\w.]+)?\s*$", re.MULTILINE)
 # unittest.mock imports its string targets: patch("torchrec.x.y") is an import of torchrec.x; so is a
-# module-path constant that tests build targets from (``THROUGHPUT_PATH = "torchrec.metrics.throughput"``).
-_PATCH = re.compile(r"""(\bpatch\(\s*["']|^[A-Z_]+_PATH\s*=\s*["'])torchrec\.""", re.MULTILINE)
+# module-path constant that tests build targets from (``THROUGHPUT_PATH = "torchrec.metrics.throughput"``),
+# and a module's logger that a test listens on (``assertLogs("torchrec.x.y")``, named by ``__name__``).
+_PATCH = re.compile(
+    r"""(\bpatch\(\s*["']|\bassertLogs\(\s*["']|^[A-Z_]+_PATH\s*=\s*["'])torchrec\.""", re.MULTILINE
+)
 
 
 def rewrite(source: str, package: str) -> str:
@@ -192,23 +214,48 @@ def _env(package: str) -> dict[str, str]:
     return env
 
 
+def _kill_group(process: subprocess.Popen) -> None:
+    # Multi-process tests leave worker processes behind a killed pytest: end its whole session.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _run(command: list[str], env: dict[str, str], cwd: Path, timeout: int) -> tuple[int, str] | None:
+    """The command's exit status and output, or None when it ran past ``timeout`` (its process group is
+    killed)."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        return None
+    return process.returncode, output
+
+
 def run_test(src: Path, relative: str, work: Path, python: str, package: str, timeout: int) -> dict:
     target = work / relative.replace("/", "_")
     copy_rewritten(src / relative, target, package)
     report = target.with_suffix(".xml")
     command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(target)]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, env=_env(package), cwd=work
-        )
-        tail = (done.stdout + done.stderr)[-2000:]
-    except subprocess.TimeoutExpired:
+    done = _run(command, _env(package), work, timeout)
+    if done is None:
         return {"file": relative, "error": f"timed out after {timeout} s"}
+    output = done[1]
+    tail = output[-2000:]
     if not report.exists():
         return {"file": relative, "error": tail}
-    if "ERROR collecting" in tail:
+    if "ERROR collecting" in output:
         # The file did not import: count its tests (functions named test_*) as failed, name the cause.
-        missing = re.findall(r"^E\s+(\w*Error: .*)$", done.stdout + done.stderr, re.MULTILINE)
+        missing = re.findall(r"^E\s+(\w*Error: .*)$", output, re.MULTILINE)
         count = len(re.findall(r"^\s*def test_", (src / relative).read_text(), re.MULTILINE))
         return {
             "file": relative,
@@ -216,15 +263,19 @@ def run_test(src: Path, relative: str, work: Path, python: str, package: str, ti
             "failed": count,
             "skipped": 0,
             "failing": missing[:1],
+            "import_error": (missing or ["collection error"])[0],
+            "passing": [],
             "tail": tail,
         }
     suite = ElementTree.parse(report).getroot().find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    failed = [
-        case.get("name")
-        for case in suite.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
+    failed, passing = [], []
+    for case in suite.iter("testcase"):
+        name = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(case.get("name"))
+        elif case.find("skipped") is None:
+            passing.append(name)
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     return {
         "file": relative,
@@ -232,6 +283,7 @@ def run_test(src: Path, relative: str, work: Path, python: str, package: str, ti
         "failed": counts["failures"] + counts["errors"],
         "skipped": counts["skipped"],
         "failing": failed,
+        "passing": passing,
         "tail": tail if not passed else "",
     }
 
@@ -246,19 +298,70 @@ def run_example(src: Path, name: str, work: Path, python: str, package: str, tim
         command = [*torchrun, "--no-python", python, "-c", statement]
     else:
         command = [python, "-c", statement]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, env=_env(package), cwd=run_dir
-        )
-    except subprocess.TimeoutExpired:
+    done = _run(command, _env(package), run_dir, timeout)
+    if done is None:
         return {"file": name, "error": f"timed out after {timeout} s"}
-    output = done.stdout + done.stderr
+    returncode, output = done
     return {
         "file": name,
-        "passed": int(done.returncode == 0),
-        "failed": int(done.returncode != 0),
+        "passed": int(returncode == 0),
+        "failed": int(returncode != 0),
         "tail": output[-3000:],
     }
+
+
+def other_test_files(src: Path) -> list[str]:
+    """The files of issue 46's measure: every test file under ``torchrec/`` but issue 36's list (the first 20
+    of ``TESTS``), the planner's (issue 44 counts them) and the ``distributed/test_utils`` helpers."""
+    found = sorted(
+        str(path.relative_to(src))
+        for pattern in ("test_*.py", "*_test.py")
+        for path in (src / "torchrec").rglob(pattern)
+    )
+    skip = set(TESTS[:20])
+    return [
+        f
+        for f in found
+        if f not in skip and "/distributed/planner/" not in f and "/distributed/test_utils/" not in f
+    ]
+
+
+def _reference_entry(result: dict) -> dict:
+    if "error" in result:
+        return {"error": result["error"][-300:]}
+    if "import_error" in result:
+        return {"import_error": result["import_error"]}
+    return {"passed": result["passing"], "failed": result["failed"], "skipped": result["skipped"]}
+
+
+def write_reference(path: Path, results: list[dict], python: str, timeout: int) -> None:
+    version = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('torchrec'))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    old = json.loads(path.read_text())["files"] if path.exists() else {}
+    old.update({r["file"]: _reference_entry(r) for r in results})
+    reference = {
+        "torchrec": version,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "timeout_s": timeout,
+        "files": dict(sorted(old.items())),
+    }
+    path.write_text(json.dumps(reference, indent=1) + "\n")
+
+
+def score(reference: dict, results: list[dict]) -> tuple[int, int]:
+    """(tests passing under both, tests passing under TorchRec) over the files of ``reference``; a file
+    not run here counts as failing."""
+    ran = {r["file"]: set(r.get("passing", [])) for r in results}
+    both = total = 0
+    for file, entry in reference["files"].items():
+        wanted = set(entry.get("passed", []))
+        total += len(wanted)
+        both += len(wanted & ran.get(file, set()))
+    return both, total
 
 
 def main() -> int:
@@ -275,23 +378,46 @@ def main() -> int:
     parser.add_argument("--package", default="rectrain", choices=["rectrain", "torchrec"])
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs them")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file")
+    parser.add_argument("--jobs", type=int, default=1, help="files run at once")
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="issue 46's measure over other_test_files(): with --package torchrec, (re)write the reference "
+        "counts; with rectrain, run the files with tests passing under TorchRec and score them",
+    )
+    parser.add_argument("--reference", type=Path, default=REFERENCE, help="the reference counts (JSON)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--verbose", action="store_true", help="print the output tail of failing files")
     args = parser.parse_args()
     src = args.torchrec_src.resolve()
     if not (src / "torchrec").is_dir():
         parser.error(f"--torchrec-src {src} holds no torchrec/ package")
-    tests = TESTS if args.tests is None else args.tests
-    examples = sorted(EXAMPLES) if args.examples is None else args.examples
-    results = []
+    reference = None
+    if args.measure and args.package == "rectrain":
+        reference = json.loads(args.reference.read_text())
+        default = [f for f, entry in reference["files"].items() if entry.get("passed")]
+    else:
+        default = other_test_files(src) if args.measure else TESTS
+    tests = default if args.tests is None else args.tests
+    examples = [] if args.measure else sorted(EXAMPLES) if args.examples is None else args.examples
     with tempfile.TemporaryDirectory(prefix="torchrec-conformance-") as tmp:
         work = Path(tmp)
-        for relative in tests:
-            results.append(run_test(src, relative, work, args.python, args.package, args.timeout))
-            _print(results[-1], args.verbose)
-        for name in examples:
-            results.append(run_example(src, name, work, args.python, args.package, args.timeout))
-            _print(results[-1], args.verbose)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            jobs = [
+                pool.submit(run_test, src, relative, work, args.python, args.package, args.timeout)
+                for relative in tests
+            ]
+            jobs += [
+                pool.submit(run_example, src, name, work, args.python, args.package, args.timeout)
+                for name in examples
+            ]
+            results = []
+            for job in as_completed(jobs):
+                results.append(job.result())
+                _print(results[-1], args.verbose)
+                if args.measure and args.package == "torchrec":
+                    # Written as each file ends: hours of reference runs survive an interruption.
+                    write_reference(args.reference, results[-1:], args.python, args.timeout)
     passed = sum(r.get("passed", 0) for r in results if r["file"] in tests)
     total = sum(r.get("passed", 0) + r.get("failed", 0) for r in results if r["file"] in tests)
     print(
@@ -300,6 +426,16 @@ def main() -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    if args.measure and args.package == "torchrec":
+        print(f"reference counts written to {args.reference}")
+        return 0
+    if reference is not None:
+        both, of = score(reference, results)
+        print(
+            f"measure: {both} of the {of} tests passing under TorchRec {reference['torchrec']} pass "
+            f"against rectrain ({100 * both / max(of, 1):.1f} %)"
+        )
+        return 0
     return 0 if all(not r.get("failed") and "error" not in r for r in results) else 1
 
 

@@ -38,3 +38,29 @@ def test_mock_patch_targets_follow_the_imports():
     assert conformance.rewrite(source, "rectrain") == (
         'with patch("rectrain.modules.hash_mc_metrics.time") as t, patch.object(x, "torchrec.y"):'
     )
+
+
+def test_module_loggers_a_test_listens_on_follow_the_imports():
+    source = 'with self.assertLogs(\n    "torchrec.sparse.jagged_tensor_validator", level="WARNING"):'
+    assert conformance.rewrite(source, "rectrain") == (
+        'with self.assertLogs(\n    "rectrain.sparse.jagged_tensor_validator", level="WARNING"):'
+    )
+
+
+def test_the_measure_counts_the_tests_passing_under_torchrec_that_pass_here(tmp_path):
+    for relative in (
+        "torchrec/optim/tests/test_keyed.py",  # issue 36's list: not in the measure
+        "torchrec/distributed/planner/tests/test_types.py",  # the planner's: issue 44 counts them
+        "torchrec/distributed/test_utils/test_model.py",  # a helper module
+        "torchrec/sparse/tests/test_jagged_tensor.py",
+        "torchrec/schema/api_tests/test_optimizer_schema.py",
+    ):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("")
+    assert conformance.other_test_files(tmp_path) == [
+        "torchrec/schema/api_tests/test_optimizer_schema.py",
+        "torchrec/sparse/tests/test_jagged_tensor.py",
+    ]
+    reference = {"files": {"a.py": {"passed": ["T::x", "T::y"]}, "b.py": {"passed": ["T::z"]}, "c.py": {}}}
+    results = [{"file": "a.py", "passing": ["T::x", "T::extra"]}]  # b.py not run: its test counts as failed
+    assert conformance.score(reference, results) == (1, 3)

@@ -11,7 +11,14 @@ from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
 
 from rectrain.distributed.comm.env import ShardingEnv
-from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable, NoWait
+from rectrain.distributed.interfaces.awaitable import (
+    Awaitable,
+    GetItemLazyAwaitable,
+    LazyAwaitable,
+    LazyGetItemMixin,
+    LazyNoWait,
+    NoWait,
+)
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.embedding.config import DataType
@@ -53,7 +60,10 @@ __all__ = [
     "CacheAlgorithm",
     "CacheParams",
     "DataType",
+    "GetItemLazyAwaitable",
     "LazyAwaitable",
+    "LazyGetItemMixin",
+    "LazyNoWait",
     "ModuleSharder",
     "NoWait",
     "ParameterSharding",

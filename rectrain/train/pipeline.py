@@ -13,8 +13,9 @@ the model, we state it.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -46,7 +47,18 @@ def prefetching_modules(model: nn.Module) -> list[Prefetching]:
     return [m for m in model.modules() if callable(getattr(m, "prefetch", None))]
 
 
-class TrainPipelineBase:
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class TrainPipeline(abc.ABC, Generic[In, Out]):
+    """TorchRec's pipeline interface: ``progress(dataloader_iter)`` trains on the next batch."""
+
+    @abc.abstractmethod
+    def progress(self, dataloader_iter: Iterator[In]) -> Out: ...
+
+
+class TrainPipelineBase(TrainPipeline[Batch, Any]):
     """The plain loop, one batch at a time; the reference the pipelined version must match."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:

@@ -9,11 +9,16 @@ indexed, or asked for an attribute its result has.
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+import torch
+import torch.fx
+
 W = TypeVar("W")
-_NOT_READY = object()
+KT = TypeVar("KT")
+VT = TypeVar("VT")
 
 
 class Awaitable(abc.ABC, Generic[W]):
@@ -48,39 +53,97 @@ class NoWait(Awaitable[W]):
         return self._obj
 
 
-class LazyAwaitable(Awaitable[W]):
-    """An awaitable that waits (once) only when its result is used."""
+class _LazyAwaitableMeta(abc.ABCMeta, torch.fx._symbolic_trace.ProxyableClassMeta):
+    """Building a lazy awaitable under ``torch.fx`` tracing is one graph node (TorchRec's ``NeedWait``
+    nodes), so a traced module waits where its eager form would."""
+
+
+class LazyAwaitable(Awaitable[W], metaclass=_LazyAwaitableMeta):
+    """An awaitable that waits (once) only when its result is used: passed to a torch function, in an
+    operator (TorchRec installs torch.fx's magic methods, and so does this class), or asked for an attribute
+    of its result. ``_result`` is None until then, as in TorchRec."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._result: Any = _NOT_READY
+        self._result: W | None = None
 
     def wait(self) -> W:
-        if self._result is _NOT_READY:
+        if self._result is None:
             self._result = super().wait()
         return self._result
 
     @staticmethod
-    def _resolve(value: Any) -> Any:
-        if isinstance(value, LazyAwaitable):
-            return value.wait()
-        if isinstance(value, (list, tuple)):
-            return type(value)(LazyAwaitable._resolve(v) for v in value)
-        if isinstance(value, dict):
-            return {k: LazyAwaitable._resolve(v) for k, v in value.items()}
-        return value
+    def _wait_async(value: Any) -> Any:
+        return value.wait() if isinstance(value, LazyAwaitable) else value
 
     @classmethod
     def __torch_function__(cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None):
-        return func(*cls._resolve(args), **cls._resolve(kwargs or {}))
+        args = torch.fx.node.map_aggregate(args, LazyAwaitable._wait_async)
+        kwargs = torch.fx.node.map_aggregate(kwargs or {}, LazyAwaitable._wait_async)
+        return func(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # own state not set yet (during __init__), never the result's
+        if name == "_result":
+            raise RuntimeError(
+                f"LazyAwaitable type {type(self)} has not been initialized properly, "
+                "did you forget to call 'super()'?"
+            )
+        if name.startswith("__") or name == "_callbacks":  # copy/pickle probes, never the result's
             raise AttributeError(name)
         return getattr(self.wait(), name)
 
-    def __getitem__(self, key: Any) -> Any:
-        return self.wait()[key]
+
+def _install_operators() -> None:
+    # The operators torch.fx proxies (TorchRec's LazyAwaitable has the same set): each waits its operands.
+    def binary(method: str) -> Callable:
+        def impl(*args: Any) -> Any:
+            return getattr(operator, method)(*(LazyAwaitable._wait_async(a) for a in args))
+
+        return impl
+
+    def reflected(method: str) -> Callable:
+        def impl(self: Any, other: Any) -> Any:
+            return getattr(operator, method)(LazyAwaitable._wait_async(other), self.wait())
+
+        return impl
+
+    for name in torch.fx.graph.magic_methods:
+        setattr(LazyAwaitable, f"__{name}__", binary(name))
+    for name in torch.fx.graph.reflectable_magic_methods:
+        setattr(LazyAwaitable, f"__r{name}__", reflected(name))
 
 
-__all__ = ["Awaitable", "LazyAwaitable", "NoWait"]
+_install_operators()
+
+
+class LazyNoWait(LazyAwaitable[W]):
+    """A lazy awaitable of a value already at hand."""
+
+    def __init__(self, obj: W) -> None:
+        super().__init__()
+        self._obj = obj
+
+    def _wait_impl(self) -> W:
+        return self._obj
+
+
+class LazyGetItemMixin(Generic[KT, VT]):
+    """Put before ``LazyAwaitable`` in the bases: ``awaitable[key]`` is another lazy awaitable, so indexing
+    does not wait."""
+
+    def __getitem__(self, key: KT) -> LazyAwaitable[VT]:
+        return GetItemLazyAwaitable(self, key)
+
+
+class GetItemLazyAwaitable(LazyAwaitable[W]):
+    """``parent[key]``, waiting on the parent when its own value is needed."""
+
+    def __init__(self, parent: LazyAwaitable, key: Any) -> None:
+        super().__init__()
+        self._parent, self._key = parent, key
+
+    def _wait_impl(self) -> W:
+        return self._parent.wait()[self._key]
+
+
+__all__ = ["Awaitable", "GetItemLazyAwaitable", "LazyAwaitable", "LazyGetItemMixin", "LazyNoWait", "NoWait"]

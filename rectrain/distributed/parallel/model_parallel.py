@@ -17,6 +17,7 @@ The order of work (each a plain step below):
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -265,6 +266,44 @@ def shard_collections(
     return ShardedCollections(module, plan, cpu_backward, list(collections))
 
 
+class DataParallelWrapper(abc.ABC):
+    """TorchRec's interface for replicating DMP's dense part: ``wrap(dmp, env, device)`` replaces
+    ``dmp._dmp_wrapped_module`` with its replicated form."""
+
+    @abc.abstractmethod
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None: ...
+
+
+class DefaultDataParallelWrapper(DataParallelWrapper):
+    """DDP over the trainable parameters that are not sharded, with TorchRec's options (passed to
+    ``DistributedDataParallel``). Quantized all-reduce (``allreduce_comm_precision``) is refused by name."""
+
+    def __init__(
+        self,
+        bucket_cap_mb: int = 25,
+        static_graph: bool = True,
+        find_unused_parameters: bool = False,
+        allreduce_comm_precision: str | None = None,
+        params_to_ignore: list[str] | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if allreduce_comm_precision not in (None, "fp32"):
+            raise ConfigError(
+                f"DefaultDataParallelWrapper(allreduce_comm_precision={allreduce_comm_precision!r}) is not "
+                "supported: rectrain all-reduces the dense gradients in fp32 (leave it None)"
+            )
+        self._options = {
+            "bucket_cap_mb": bucket_cap_mb,
+            "static_graph": static_graph,
+            "find_unused_parameters": find_unused_parameters,
+            **(ddp_kwargs or {}),
+        }
+        self._ignored = set(params_to_ignore or [])
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        dmp._dmp_wrapped_module = dmp._wrap_dense(dmp._dmp_wrapped_module, self._ignored, self._options)
+
+
 class DistributedModelParallel(nn.Module):
     """A model whose embedding collections are sharded across the ranks of ``env`` (``torchrec``'s DMP).
 
@@ -277,6 +316,11 @@ class DistributedModelParallel(nn.Module):
         plan: a sharding plan (for instance loaded from JSON); planned collectively when omitted.
         sharders: TorchRec-style sharders; when planning, their ``sharding_types(device)`` restrict choices,
             and their ``fused_params`` choose the fused optimizer (see ``fused_params``).
+        init_data_parallel: wrap the dense part in DDP now (else call ``init_data_parallel()`` later).
+        init_parameters: must be True: rectrain always initialises the shards it allocates (TorchRec can
+            leave meta-device parameters for the caller); False is refused by name.
+        data_parallel_wrapper: how the dense part is replicated (TorchRec's ``DataParallelWrapper``);
+            default DDP (with DDP's defaults) over the trainable parameters that are not sharded.
         batch_size: the per-rank batch size the planner assumes when planning.
         topology: the memory each rank may use (default: this host's memory over its local ranks); a plan
             whose estimated resident memory exceeds it on some rank is refused before anything is allocated.
@@ -296,11 +340,19 @@ class DistributedModelParallel(nn.Module):
         device: torch.device | str | None = None,
         plan: ShardingPlan | None = None,
         sharders: list | None = None,
-        batch_size: int | None = None,
+        init_data_parallel: bool = True,
+        init_parameters: bool = True,
+        data_parallel_wrapper: DataParallelWrapper | None = None,
         *,
+        batch_size: int | None = None,
         topology: Topology | None = None,
     ) -> None:
         super().__init__()
+        if not init_parameters:
+            raise ConfigError(
+                "DistributedModelParallel(init_parameters=False) is not supported: rectrain initialises "
+                "every shard it allocates (build the model on the meta device to skip unsharded allocation)"
+            )
         if env is None:
             if not (dist.is_available() and dist.is_initialized()):
                 raise ConfigError(
@@ -314,13 +366,26 @@ class DistributedModelParallel(nn.Module):
         module, self.plan, self.cpu_backward = done.module, done.plan, done.cpu_backward
         self._sharded_paths = list(done.paths)
         _materialise_meta(module, self._sharded_paths, self.device)
-        module = module.to(self.device)
-        self._dmp_wrapped_module = self._wrap_dense(module)
+        self._dmp_wrapped_module: nn.Module = module.to(self.device)
+        self._data_parallel_wrapper = data_parallel_wrapper
+        if init_data_parallel:
+            self.init_data_parallel()
         logger.info(
             "DistributedModelParallel on rank %d/%d: sharded %s", env.rank, env.world_size, done.paths
         )
 
-    def _wrap_dense(self, module: nn.Module) -> nn.Module:
+    def init_data_parallel(self) -> None:
+        """Replicate the dense part with the data-parallel wrapper (once; a no-op when already wrapped)."""
+        if isinstance(self._dmp_wrapped_module, DistributedDataParallel):
+            return
+        if self._data_parallel_wrapper is None:  # rectrain's default: DDP with its own defaults
+            self._dmp_wrapped_module = self._wrap_dense(self._dmp_wrapped_module)
+        else:
+            self._data_parallel_wrapper.wrap(self, self.env, self.device)
+
+    def _wrap_dense(
+        self, module: nn.Module, ignored: set[str] = frozenset(), options: dict | None = None
+    ) -> nn.Module:
         if not any(p.requires_grad for p in module.parameters()):
             return module
         # Fused tables (no gradient) are never replicated; trainable data-parallel tables are.
@@ -331,7 +396,13 @@ class DistributedModelParallel(nn.Module):
             if not param.requires_grad
         }
         device_ids = [self.device] if self.device.type == "cuda" else None
-        return compat.data_parallel(module, device_ids=device_ids, process_group=self.env.pg, ignored=sharded)
+        return compat.data_parallel(
+            module,
+            device_ids=device_ids,
+            process_group=self.env.pg,
+            ignored=sharded | ignored,
+            options=options,
+        )
 
     @property
     def module(self) -> nn.Module:

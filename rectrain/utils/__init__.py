@@ -1,0 +1,1 @@
+"""TorchRec's ``torchrec.utils`` at rectrain's path."""
