@@ -123,7 +123,9 @@ class EmbeddingBagCollection(nn.Module):
         while the current step computes (the training pipeline calls this); nothing for tables in RAM."""
         if self.fused_optimizer_config is None or not self.embedding_bags.has_disk_tables():
             return
-        self.embedding_bags.prefetch(self._router.route(features, weighted=self._is_weighted, counts=False))
+        self.embedding_bags.prefetch_routed(
+            self._router.route(features, weighted=self._is_weighted, counts=False)
+        )
 
     def _init_dense(self) -> None:
         tables = self._embedding_bag_configs

@@ -99,7 +99,7 @@ class EmbeddingCollection(nn.Module):
         while the current step computes (the training pipeline calls this); nothing for tables in RAM."""
         if self.fused_optimizer_config is None or not self.embeddings.has_disk_tables():
             return
-        self.embeddings.prefetch(self._router.route(features, weighted=False))
+        self.embeddings.prefetch_routed(self._router.route(features, weighted=False))
 
     def _init_dense(self) -> None:
         self.embeddings = dense_tables.dense_embeddings(self._embedding_configs, self._device)

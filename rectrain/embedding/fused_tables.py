@@ -136,7 +136,7 @@ class FusedTables(nn.ModuleDict):
     def has_disk_tables(self) -> bool:
         return any(batch.cache is not None for batch in self.batches)
 
-    def prefetch(self, inputs: Sequence[Any]) -> None:
+    def prefetch_routed(self, inputs: Sequence[Any]) -> None:
         """Disk tables: start reading the rows of the next batch (its routed per-TBE ``indices`` /
         ``offsets``) into their caches while the current step computes."""
         for batch, item in zip(self.batches, inputs):

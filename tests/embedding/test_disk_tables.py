@@ -80,7 +80,9 @@ def _caches(ebc: EmbeddingBagCollection) -> list:
 @pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 def test_disk_training_is_bitwise_ram_training(disk_dir: Path, optimizer: str, prefetch: bool) -> None:
-    disk_tables.configure(DiskTablesSettings(dir=str(disk_dir), cache_bytes=CACHE_ROWS * ROW_BYTES[optimizer]))
+    disk_tables.configure(
+        DiskTablesSettings(dir=str(disk_dir), cache_bytes=CACHE_ROWS * ROW_BYTES[optimizer])
+    )
     ram = _train("ram", optimizer)
     disk = _train("disk", optimizer, prefetch)
     buffers = _disk_buffers(disk)
@@ -139,7 +141,9 @@ def test_writes_into_the_tables_are_read_by_the_next_batch(disk_dir: Path) -> No
 def test_a_batch_larger_than_the_cache_is_refused_by_name(disk_dir: Path) -> None:
     disk_tables.configure(DiskTablesSettings(dir=str(disk_dir), cache_bytes=100 * ROW_BYTES["sgd"]))
     ebc = EmbeddingBagCollection(_tables("disk"), fused_optimizer=FusedOptimizerConfig(optimizer="sgd"))
-    with pytest.raises(ConfigError, match=r"table 'big': a batch reads \d+ distinct rows but its disk cache has 100"):
+    with pytest.raises(
+        ConfigError, match=r"table 'big': a batch reads \d+ distinct rows but its disk cache has 100"
+    ):
         ebc(_batch(0))
 
 
