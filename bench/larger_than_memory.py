@@ -124,9 +124,14 @@ def _train_worker(args: argparse.Namespace) -> dict:
     dense = torch.optim.Adagrad([p for p in model.parameters() if p.requires_grad], lr=0.01)
     batches = _requests(args, rows, args.ids, args.batch, args.warmup + args.steps, seed=1000 * args.rank)
     prefetchers = prefetching_modules(model)
+    kernels = [b for m in model.modules() for b in getattr(m, "batches", [])]
+    caches = [b.cache for b in kernels if getattr(b, "cache", None) is not None]
     times = []
     for step, (features, kjt) in enumerate(batches):
         labels = torch.randint(0, 2, (args.batch,), generator=torch.Generator().manual_seed(step))
+        if step == args.warmup:  # hit rates of the measured steps only
+            for c in caches:
+                c.lookups = c.misses = c.id_lookups = c.id_misses = 0
         begin = time.perf_counter()
         if step == 0:
             for module in prefetchers:
@@ -140,11 +145,11 @@ def _train_worker(args: argparse.Namespace) -> dict:
         dense.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - begin)
-    kernels = [b for m in model.modules() for b in getattr(m, "batches", [])]
-    caches = [b.cache for b in kernels if getattr(b, "cache", None) is not None]
     lookups, misses = sum(c.lookups for c in caches), sum(c.misses for c in caches)
     hit_rate = 1.0 - misses / lookups if lookups else None
+    ids, id_misses = sum(c.id_lookups for c in caches), sum(c.id_misses for c in caches)
     return {
+        "id_hit_rate": 1.0 - id_misses / ids if ids else None,
         "examples_per_s": args.batch * len(times) / sum(times),
         "build_s": build_s,
         "hit_rate": hit_rate,
@@ -315,7 +320,9 @@ def main() -> int:
                         )
                 rates = [r["hit_rate"] for r in done if r.get("hit_rate") is not None]
                 if rates:
-                    print(f"{ids} {label} cache hit rate {sum(rates) / len(rates):.3f}")
+                    print(f"{ids} {label} cache hit rate, distinct rows {sum(rates) / len(rates):.3f}")
+                    per_id = [r["id_hit_rate"] for r in done]
+                    print(f"{ids} {label} cache hit rate, ids {sum(per_id) / len(per_id):.3f}")
                 print(f"{ids} {label} load average {os.getloadavg()[0]:.1f}")
                 value = sum(r["examples_per_s"] for r in done) if len(done) == args.ranks else 0.0
                 throughput[(ids, label)] = value

@@ -129,12 +129,22 @@ class RowCache:
         self.step = 0
         self.lookups = 0  # distinct rows asked for, summed over steps
         self.misses = 0  # rows read from the files (by a step or a prefetch)
+        self.id_lookups = 0  # ids looked up (a row once per occurrence)
+        self.id_misses = 0  # of those, the ids whose row a step had to read itself
         self.writes = 0  # rows written back
         self._pending: Future | None = None
 
     @property
     def hit_rate(self) -> float:
+        """Of the distinct rows the steps asked for, the share not read from the files (by the step or its
+        prefetch)."""
         return 1.0 - self.misses / self.lookups if self.lookups else 1.0
+
+    @property
+    def id_hit_rate(self) -> float:
+        """Of the ids looked up, the share whose row was in the cache when its step began (prefetched rows
+        count as hits: they were read while the step before computed)."""
+        return 1.0 - self.id_misses / self.id_lookups if self.id_lookups else 1.0
 
     def _segments(self, indices: Tensor, offsets: Tensor) -> list[Tensor]:
         """Each table's ids: its features are contiguous in ``indices`` (FBGEMM's feature-major layout)."""
@@ -193,7 +203,7 @@ class RowCache:
         free slots and ``strict`` is False (a prefetch: the step then reads them itself)."""
         if ids.numel() == 0:
             return ids.to(torch.int64)
-        uniq, inverse = torch.unique(ids, return_inverse=True)
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         if int(uniq[0]) < 0 or int(uniq[-1]) >= table.rows:
             raise OutOfRange
         slots = table.slot_of_row[uniq].to(torch.int64)
@@ -202,6 +212,8 @@ class RowCache:
         table.last_used[slots[~miss]] = use  # this batch's hits are not victims of its own misses
         if strict:
             self.lookups += uniq.numel()
+            self.id_lookups += ids.numel()
+            self.id_misses += int(counts[miss].sum())
         if wanted.numel():
             free = table.last_used < evictable_below
             available = int(free.sum())
