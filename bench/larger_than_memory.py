@@ -7,7 +7,9 @@ Training: ``--ranks`` worker processes each train their row-wise share of every 
 rows; a DLRM step, fused row-wise Adagrad) on Zipf ids (exponent ``--zipf``, hot rows scattered over the
 table as hashed ids are) and on uniform ids. Capped, the tables are ``storage = "disk"`` and all workers run
 in one cgroup whose limit is ``--cap-gb`` (default: ``--baseline-gb`` per worker for the interpreter plus
-``--cache-fraction`` of the tables); uncapped, the tables are in RAM and no cgroup is set. Serving: the int8
+``--cache-fraction`` of the tables), each with a row cache of ``--cache-share`` of its tables and the next
+batch's rows prefetched while a step computes (as ``TrainPipelineSparseDist`` does); uncapped, the tables are
+in RAM and no cgroup is set. Serving: the int8
 package of the same model, loaded by ``--ranks`` workers (tables mapped), each sending requests of Zipf ids
 one every ``--interval-ms`` (the same offered load capped and uncapped), capped at ``--serve-cap-gb``.
 
@@ -107,10 +109,13 @@ def _train_worker(args: argparse.Namespace) -> dict:
 
     from rectrain.embedding import FusedOptimizerConfig, disk_tables
     from rectrain.models import Batch, build_train_model
+    from rectrain.train.pipeline import prefetching_modules
 
     torch.set_num_threads(args.threads)
-    disk_tables.configure(disk_tables.DiskTablesSettings(dir=args.work))
     rows = args.rows // args.ranks
+    # The row cache of the worker's one disk kernel: --cache-share of its rows and row-wise state.
+    cache = int(args.cache_share * args.tables * rows * (args.dim * 4 + 4))
+    disk_tables.configure(disk_tables.DiskTablesSettings(dir=args.work, cache_bytes=cache))
     cfg = _config(args, rows, args.storage)
     torch.manual_seed(args.rank)
     started = time.perf_counter()
@@ -118,17 +123,38 @@ def _train_worker(args: argparse.Namespace) -> dict:
     build_s = time.perf_counter() - started
     dense = torch.optim.Adagrad([p for p in model.parameters() if p.requires_grad], lr=0.01)
     batches = _requests(args, rows, args.ids, args.batch, args.warmup + args.steps, seed=1000 * args.rank)
+    prefetchers = prefetching_modules(model)
+    kernels = [b for m in model.modules() for b in getattr(m, "batches", [])]
+    caches = [b.cache for b in kernels if getattr(b, "cache", None) is not None]
     times = []
     for step, (features, kjt) in enumerate(batches):
         labels = torch.randint(0, 2, (args.batch,), generator=torch.Generator().manual_seed(step))
+        if step == args.warmup:  # hit rates of the measured steps only
+            for c in caches:
+                c.lookups = c.misses = c.id_lookups = c.id_misses = 0
         begin = time.perf_counter()
+        if step == 0:
+            for module in prefetchers:
+                module.prefetch(kjt)
         loss, _ = model(Batch(features, kjt, labels))
+        if step + 1 < len(batches):  # as TrainPipelineSparseDist does: the next batch's rows load meanwhile
+            for module in prefetchers:
+                module.prefetch(batches[step + 1][1])
         dense.zero_grad()
         loss.backward()
         dense.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - begin)
-    return {"examples_per_s": args.batch * len(times) / sum(times), "build_s": build_s, **_memory()}
+    lookups, misses = sum(c.lookups for c in caches), sum(c.misses for c in caches)
+    hit_rate = 1.0 - misses / lookups if lookups else None
+    ids, id_misses = sum(c.id_lookups for c in caches), sum(c.id_misses for c in caches)
+    return {
+        "id_hit_rate": 1.0 - id_misses / ids if ids else None,
+        "examples_per_s": args.batch * len(times) / sum(times),
+        "build_s": build_s,
+        "hit_rate": hit_rate,
+        **_memory(),
+    }
 
 
 def _serve_worker(args: argparse.Namespace) -> dict:
@@ -231,6 +257,9 @@ def main() -> int:
     parser.add_argument("--serve-cap-gb", type=float, default=None, help="serving cap, all workers together")
     parser.add_argument("--baseline-gb", type=float, default=0.45, help="per worker, in the default caps")
     parser.add_argument("--cache-fraction", type=float, default=0.4, help="of the tables, in the default cap")
+    parser.add_argument(
+        "--cache-share", type=float, default=0.3, help="of a worker's tables, its disk row cache (capped)"
+    )
     parser.add_argument("--serve-cache-fraction", type=float, default=0.2, help="of the package, likewise")
     parser.add_argument("--serve-batch", type=int, default=64)
     parser.add_argument("--requests", type=int, default=400)
@@ -263,7 +292,7 @@ def main() -> int:
         *("--tables", str(args.tables), "--rows", str(args.rows), "--dim", str(args.dim)),
         *("--ranks", str(args.ranks), "--batch", str(args.batch), "--pooling", str(args.pooling)),
         *("--steps", str(args.steps), "--warmup", str(args.warmup), "--zipf", str(args.zipf)),
-        *("--threads", str(args.threads), "--work", str(work)),
+        *("--threads", str(args.threads), "--work", str(work), "--cache-share", str(args.cache_share)),
     ]
     cap_bytes = _cap_bytes(args.cap_gb, args.baseline_gb, args.ranks, args.cache_fraction, table_bytes)
     print(f"training cap: {cap_bytes / GB:.2f} GB for {args.ranks} ranks", flush=True)
@@ -289,6 +318,12 @@ def main() -> int:
                             f"{ids} {label} rank {rank}: build s {r['build_s']:.1f}, peak RSS GB "
                             f"{r['VmHWM'] / GB:.2f} (anon {r['RssAnon'] / GB:.2f})"
                         )
+                rates = [r["hit_rate"] for r in done if r.get("hit_rate") is not None]
+                if rates:
+                    print(f"{ids} {label} cache hit rate, distinct rows {sum(rates) / len(rates):.3f}")
+                    per_id = [r["id_hit_rate"] for r in done]
+                    print(f"{ids} {label} cache hit rate, ids {sum(per_id) / len(per_id):.3f}")
+                print(f"{ids} {label} load average {os.getloadavg()[0]:.1f}")
                 value = sum(r["examples_per_s"] for r in done) if len(done) == args.ranks else 0.0
                 throughput[(ids, label)] = value
                 print(f"{label} train throughput {ids} examples/s {value:.0f}", flush=True)

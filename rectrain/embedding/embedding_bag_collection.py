@@ -118,6 +118,15 @@ class EmbeddingBagCollection(nn.Module):
         self.reset_parameters()
         logger.debug("EmbeddingBagCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Disk tables: start reading the rows ``features`` (the next batch) will look up into their caches
+        while the current step computes (the training pipeline calls this); nothing for tables in RAM."""
+        if self.fused_optimizer_config is None or not self.embedding_bags.has_disk_tables():
+            return
+        self.embedding_bags.prefetch_routed(
+            self._router.route(features, weighted=self._is_weighted, counts=False)
+        )
+
     def _init_dense(self) -> None:
         tables = self._embedding_bag_configs
         self.embedding_bags = dense_tables.dense_bags(tables, self._is_weighted, self._device)

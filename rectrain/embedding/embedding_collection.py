@@ -94,6 +94,13 @@ class EmbeddingCollection(nn.Module):
         self.reset_parameters()
         logger.debug("EmbeddingCollection: %d tables in %d FBGEMM TBEs", len(tables), len(groups))
 
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Disk tables: start reading the rows ``features`` (the next batch) will look up into their caches
+        while the current step computes (the training pipeline calls this); nothing for tables in RAM."""
+        if self.fused_optimizer_config is None or not self.embeddings.has_disk_tables():
+            return
+        self.embeddings.prefetch_routed(self._router.route(features, weighted=False))
+
     def _init_dense(self) -> None:
         self.embeddings = dense_tables.dense_embeddings(self._embedding_configs, self._device)
         self._embedding_names = [n for names in self.embedding_names_by_table() for n in names]

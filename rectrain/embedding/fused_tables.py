@@ -133,10 +133,37 @@ class FusedTables(nn.ModuleDict):
             for table, states in self.table_optimizer_states().items()
         }
 
+    def has_disk_tables(self) -> bool:
+        return any(batch.cache is not None for batch in self.batches)
+
+    def prefetch_routed(self, inputs: Sequence[Any]) -> None:
+        """Disk tables: start reading the rows of the next batch (its routed per-TBE ``indices`` /
+        ``offsets``) into their caches while the current step computes."""
+        for batch, item in zip(self.batches, inputs):
+            batch.prefetch(item.indices, item.offsets)
+
+    def flush(self) -> None:
+        """Disk tables: write their caches' updated rows back to the files and empty the caches, so the
+        weight parameters (views of the files) hold the whole tables and writes into them are read next."""
+        for batch in self.batches:
+            batch.flush()
+
+    # The weight parameters of disk tables are views of their files, behind a cache: it is written back
+    # before they are read whole and emptied before they are written (children are saved / loaded after
+    # their parent's own hook, so these run first).
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        self.flush()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.flush()
+        super()._load_from_state_dict(*args, **kwargs)
+
     def reset_parameters(self, seed: int) -> None:
         """Give every table its initial values from ``seed`` (see ``rectrain.embedding.init``)."""
         if self.is_meta:
             return  # nothing allocated: the values are drawn where the tables (or shards) are built
+        self.flush()
         for table in self.tables:
             init.fill_rows(self[table.name].weight, table, seed)
 

@@ -26,6 +26,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from torch import Tensor
 
+from rectrain.embedding import disk_tables
 from rectrain.embedding.config import (
     BaseEmbeddingConfig,
     DataType,
@@ -34,6 +35,7 @@ from rectrain.embedding.config import (
     PoolingType,
 )
 from rectrain.embedding.cpu_adam import CpuAdamLookup
+from rectrain.embedding.disk_cache import CachedTable, OutOfRange, RowCache, cache_slots
 from rectrain.embedding.disk_tables import DiskBuffers
 from rectrain.embedding.native_backward import NativeFusedLookup, use_native_backward
 from rectrain.errors import ConfigError
@@ -115,8 +117,13 @@ class FusedTableBatch:
         location, compute_device = _placement(device)
         fbgemm_optimizer = FbgemmOptimType.EXACT_SGD if cpu_adam else _FBGEMM_OPTIMIZERS[optimizer.optimizer]
         self.disk = _disk_buffers(self.tables, device, fbgemm_optimizer, cpu_adam)
+        # Disk tables: the TBE holds only each table's cache slots (rectrain.embedding.disk_cache); the
+        # files behind it hold the rows.
+        rows = (
+            [t.num_embeddings for t in self.tables] if self.disk is None else _slots(self.tables, self.disk)
+        )
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(t.num_embeddings, kernel_dim(t.embedding_dim), location, compute_device) for t in self.tables],
+            [(n, kernel_dim(t.embedding_dim), location, compute_device) for n, t in zip(rows, self.tables)],
             feature_table_map=[i for i, t in enumerate(self.tables) for _ in t.feature_names],
             # The CPU Adam path updates weights itself; the TBE then only stores weights and runs forward.
             optimizer=fbgemm_optimizer,
@@ -134,11 +141,6 @@ class FusedTableBatch:
             weights_precision=precisions.pop(),
             output_dtype=SparseType.FP32,
             table_names=[t.name for t in self.tables],
-            preallocated_host_buffers=(
-                None
-                if self.disk is None
-                else {k: v for k, v in self.disk.tensors().items() if k in _TBE_BUFFERS}
-            ),
         )
         if device.type == "cpu" and optimizer.weight_decay > 0 and not cpu_adam:
             # Measured on fbgemm-gpu-cpu 1.8: its CPU SGD, Adagrad and row-wise Adagrad updates are
@@ -151,13 +153,11 @@ class FusedTableBatch:
                 optimizer.optimizer.value,
                 [t.name for t in self.tables],
             )
-        moments = (
-            None if self.disk is None or not cpu_adam else (self.disk["exp_avg"], self.disk["exp_avg_sq"])
-        )
-        self._cpu_adam = CpuAdamLookup(self.tbe, optimizer, moments) if cpu_adam else None
+        self._cpu_adam = CpuAdamLookup(self.tbe, optimizer) if cpu_adam else None
         native = not cpu_adam and use_native_backward(optimizer, device, precisions_used)
         self._native = NativeFusedLookup(self.tbe, optimizer) if native else None
         self._columns = _unpadded_columns(self.tables, pooling, device)
+        self.cache = None if self.disk is None else self._row_cache(self.disk)
         logger.debug(
             "TBE over tables %s: optimizer %s, pooling %s, device %s",
             [t.name for t in self.tables],
@@ -168,15 +168,21 @@ class FusedTableBatch:
 
     def __call__(self, indices: Tensor, offsets: Tensor, per_sample_weights: Tensor | None = None) -> Tensor:
         """Pooled ``[batch, sum of feature dims]`` (or, unpooled, ``[num ids, dim]``) embeddings."""
-        if self.disk is not None:
-            self.disk.trim()  # between steps: no kernel is touching the mapped rows
+        lookup_indices = indices
+        if self.cache is not None:
+            try:
+                lookup_indices = self.cache.remap(indices, offsets, train=torch.is_grad_enabled())
+            except OutOfRange:
+                raise self._find_out_of_range_id(indices, offsets) or ValueError(
+                    f"tables {[t.name for t in self.tables]}: an id is out of range"
+                ) from None
         try:
             if torch.is_inference_mode_enabled():
                 # FBGEMM's training lookup is registered only with an autograd kernel, which inference mode
                 # skips; a no-grad lookup outside inference mode computes the same result.
                 with torch.inference_mode(False), torch.no_grad():
-                    return self._lookup(indices.clone(), offsets.clone(), _clone(per_sample_weights))
-            return self._lookup(indices, offsets, per_sample_weights)
+                    return self._lookup(lookup_indices.clone(), offsets.clone(), _clone(per_sample_weights))
+            return self._lookup(lookup_indices, offsets, per_sample_weights)
         except RuntimeError as error:
             out_of_range = self._find_out_of_range_id(indices, offsets)
             if out_of_range is not None:
@@ -209,13 +215,43 @@ class FusedTableBatch:
                 )
         return None
 
+    def prefetch(self, indices: Tensor, offsets: Tensor) -> None:
+        """Start reading the rows of the next batch (same layout as a call) into a disk table's cache while
+        the current step computes; nothing to do for tables in RAM."""
+        if self.cache is not None:
+            self.cache.prefetch(indices, offsets)
+
+    def flush(self) -> None:
+        """Disk tables: write the cache's updated rows back and empty it, so the files hold the whole tables
+        (before they are read or written whole: checkpoints, export, loading)."""
+        if self.cache is not None:
+            self.cache.flush()
+
     def table_weights(self) -> list[Tensor]:
-        """Per-table ``[num_embeddings, embedding_dim]`` views of the TBE's weight storage."""
+        """Per-table ``[num_embeddings, embedding_dim]`` views of the TBE's weight storage (disk tables: of
+        their files, after a ``flush``)."""
+        if self.cache is not None:
+            self.cache.flush()
+            return [_unpad(c.backing["weights"], t) for c, t in zip(self.cache.tables, self.tables)]
         return [_unpad(w, t) for w, t in zip(self.tbe.split_embedding_weights(), self.tables)]
 
     def table_optimizer_states(self) -> list[dict[str, Tensor]]:
         """Per table, the optimizer state views by name (``momentum1``; Adam: ``exp_avg``, ``exp_avg_sq``,
-        ``step``)."""
+        ``step``); disk tables: of their files, after a ``flush``."""
+        if self.cache is not None:
+            self.cache.flush()
+            step = self._cpu_adam.table_states() if self._cpu_adam is not None else None
+            return [
+                {
+                    **{
+                        k: _unpad(v.view(c.rows, *self._state_shapes[i][k]), t)
+                        for k, v in c.backing.items()
+                        if k != "weights"
+                    },
+                    **({"step": step[i]["step"]} if step is not None else {}),
+                }
+                for i, (c, t) in enumerate(zip(self.cache.tables, self.tables))
+            ]
         if self._cpu_adam is not None:
             states = self._cpu_adam.table_states()
             return [{k: _unpad(v, t) for k, v in s.items()} for s, t in zip(states, self.tables)]
@@ -232,6 +268,40 @@ class FusedTableBatch:
                 state["step"] = self.tbe.iter
         return states
 
+    def _cache_states(self) -> list[dict[str, Tensor]]:
+        """Per table, the TBE's own (cache-sized) optimizer state by name."""
+        if self._cpu_adam is not None:
+            return [{k: v for k, v in s.items() if k != "step"} for s in self._cpu_adam.table_states()]
+        names = _STATE_NAMES[self.optimizer]
+        return (
+            [dict(zip(names, per_table)) for per_table in self.tbe.split_optimizer_states()]
+            if names
+            else [{} for _ in self.tables]
+        )
+
+    def _row_cache(self, disk: DiskBuffers) -> RowCache:
+        """The cache of the TBE's tables over ``disk``'s files: each buffer's per-table ``[slots, width]`` in
+        the TBE and ``[rows, width]`` in its file (files laid out table after table)."""
+        per_table = [
+            {"weights": w, **s} for w, s in zip(self.tbe.split_embedding_weights(), self._cache_states())
+        ]
+        self._state_shapes = [{k: v.shape[1:] for k, v in d.items()} for d in per_table]
+        starts = dict.fromkeys(per_table[0], 0) if per_table else {}
+        tables = []
+        for table, buffers in zip(self.tables, per_table):
+            cache, backing = {}, {}
+            for name, view in buffers.items():
+                width = view.numel() // max(1, view.shape[0])
+                count = table.num_embeddings * width
+                backing[name] = disk[name][starts[name] : starts[name] + count].view(
+                    table.num_embeddings, width
+                )
+                cache[name] = view.reshape(view.shape[0], width)
+                assert cache[name].data_ptr() == view.data_ptr(), "a cache view must alias the TBE's storage"
+                starts[name] += count
+            tables.append(CachedTable(table.name, cache, backing))
+        return RowCache(tables, [len(t.feature_names) for t in self.tables])
+
     def set_learning_rate(self, lr: float) -> None:
         """Change the learning rate the next backward uses."""
         if self._cpu_adam is not None:
@@ -243,7 +313,19 @@ class FusedTableBatch:
         return self._cpu_adam.lr if self._cpu_adam is not None else self.tbe.get_learning_rate()
 
 
-_TBE_BUFFERS = ("weights", "momentum1", "momentum2")
+def _slots(tables: Sequence[BaseEmbeddingConfig], disk: DiskBuffers) -> list[int]:
+    """Cache slots per disk table (``disk_cache.cache_slots``), from the bytes a row takes in the files:
+    per-element buffers (weights, Adagrad, Adam) scale with the row's width, row-wise state does not."""
+    rows = [t.num_embeddings for t in tables]
+    row_bytes = [
+        sum(
+            b.element_size() * (kernel_dim(t.embedding_dim) if b.numel() != sum(rows) else 1)
+            for b in disk.tensors().values()
+        )
+        for t in tables
+    ]
+    names = [t.name for t in tables]
+    return cache_slots(rows, row_bytes, names, disk.cache_bytes, disk_tables.settings().table_cache_bytes)
 
 
 def _disk_buffers(

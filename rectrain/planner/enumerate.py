@@ -90,7 +90,7 @@ class EmbeddingEnumerator:
             if sharding_type not in allowed_types:
                 continue
             for shards in self._shapes(table, sharding_type, constraint):
-                for kernel in RUNNABLE_KERNELS:
+                for kernel in (*RUNNABLE_KERNELS, EmbeddingComputeKernel.KEY_VALUE):
                     if kernel in allowed_kernels and _kernel_fits(sharding_type, kernel):
                         options.append(
                             ShardingOption.for_table(
@@ -182,6 +182,8 @@ def _kernel_fits(sharding_type: ShardingType, kernel: EmbeddingComputeKernel) ->
     # A replicated table needs its gradient materialised for the all-reduce, so only the dense kernel; a
     # routed shard is updated in backward by the fused kernel (TorchRec's sharders offer the same pairs, so
     # compute_kernels=["dense"] makes a table data-parallel, as in TorchRec).
+    if kernel is EmbeddingComputeKernel.KEY_VALUE:  # the fused kernel over a disk table
+        return sharding_type != ShardingType.DATA_PARALLEL
     if kernel not in RUNNABLE_KERNELS:
         return False
     return (sharding_type == ShardingType.DATA_PARALLEL) == (kernel == EmbeddingComputeKernel.DENSE)

@@ -64,9 +64,13 @@ class EmbeddingComputeKernel(str, Enum):
     ``dense``: a plain weight with a materialised gradient, stepped by a regular optimizer (the only kernel
     data-parallel tables use, because their gradient must be all-reduced).
 
-    The other members are TorchRec's names for kernels rectrain does not run (``RUNNABLE_KERNELS`` are the
-    ones it does): they parse, so TorchRec code and constraints that name them port, the planner never
-    proposes them, and a plan that uses one is refused with ``unsupported_reason``.
+    ``key_value``: TorchRec's SSD offloading; here the fused kernel over a disk table (``storage = "disk"``:
+    rows in a file behind a RAM cache, ``rectrain.embedding.disk_cache``), CPU only. The planner proposes it
+    only where a constraint's ``compute_kernels`` names it.
+
+    The other members are TorchRec's names for kernels rectrain does not run (``RUNNABLE_KERNELS`` and
+    ``key_value`` are the ones it does): they parse, so TorchRec code and constraints that name them port,
+    the planner never proposes them, and a plan that uses one is refused with ``unsupported_reason``.
     """
 
     DENSE = "dense"
@@ -89,10 +93,13 @@ class EmbeddingComputeKernel(str, Enum):
     @property
     def unsupported_reason(self) -> str | None:
         """Why rectrain cannot run this kernel (None for the kernels it runs)."""
-        if self in RUNNABLE_KERNELS:
+        if self in RUNNABLE_KERNELS or self is EmbeddingComputeKernel.KEY_VALUE:
             return None
         what = _UNSUPPORTED[self.value]
-        return f"compute kernel {self.value!r} ({what}) is TorchRec's; rectrain runs only 'dense' and 'fused'"
+        return (
+            f"compute kernel {self.value!r} ({what}) is TorchRec's; rectrain runs only 'dense', 'fused' and "
+            "'key_value' (disk tables, CPU)"
+        )
 
 
 _UNSUPPORTED = {
@@ -101,7 +108,6 @@ _UNSUPPORTED = {
     "quant": "quantized inference tables; rectrain serves them through recserve",
     "quant_uvm": "quantized inference tables in unified memory",
     "quant_uvm_caching": "quantized inference tables behind a GPU cache",
-    "key_value": "SSD key-value storage",
     "customized_kernel": "a user-registered kernel",
     "ssd_virtual_table": "an SSD-backed virtual table",
     "dram_virtual_table": "a host-memory key-value virtual table",

@@ -160,8 +160,8 @@ class TrainConfig:
 
     ``disk_tables_dir``: where tables with ``storage = "disk"`` keep their working files (default
     ``$RECTRAIN_DISK_TABLES_DIR``, else ``<tmp>/rectrain-disk-tables``; local disk). ``disk_cache_mb``:
-    resident megabytes each disk kernel may keep before its pages are written back and dropped (default: no
-    bound of its own; the page cache under the process's memory cap is the cache). See docs/disk-tables.md.
+    the RAM row cache of each disk kernel, rows with their optimizer state (default: 10% of each disk
+    table's rows; ``planner.memory_plan`` sizes each table's cache itself). See docs/disk-tables.md.
     ``row_counts``: count the lookups of every row of the sharded tables (an int32 per row, on the rank that
     owns the row), saved in checkpoints for ``recserve export --prune`` (``rectrain.distributed.sharded.
     row_counts``; its cost is measured by ``python -m bench prune``).

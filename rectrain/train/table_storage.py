@@ -44,5 +44,8 @@ def place_tables(config: RunConfig, env: ShardingEnv | None, optimizer: FusedOpt
     )
     check_disk_space(plan, disk_tables.settings().base_dir(), local)
     logger.info("memory plan:\n%s", plan.report())
+    # Each disk table's row cache is the memory the plan left it (``disk_cache_mb`` stays the fallback).
+    caches = {t.name: t.cache_bytes for t in plan.tables if t.storage == "disk"}
+    disk_tables.configure(dataclasses.replace(disk_tables.settings(), table_cache_bytes=caches))
     model = dataclasses.replace(config.model, tables=plan.apply(config.model.tables))
     return dataclasses.replace(config, model=model)

@@ -92,9 +92,19 @@ def test_kill_mid_step_leaves_the_last_checkpoint_loadable(tmp_path: Path, disk_
 
 
 def _sharded_run(env, storage: str, tables_dir: str) -> dict:
-    """Two ranks, t0 table-wise, t1 row-wise, t2 column-wise; t0 and t1 on disk (their shards mapped)."""
+    """Two ranks, t0 table-wise, t1 row-wise, t2 column-wise; t0 and t1 on disk (their shards mapped):
+    ``storage = "disk"`` in their configs, or (``key_value``) TorchRec's kernel name in the plan."""
+    from rectrain.distributed import DistributedModelParallel
+    from rectrain.planner.types import EmbeddingComputeKernel
+
     disk_tables.configure(disk_tables.DiskTablesSettings(dir=tables_dir, cache_bytes=disk_common.CACHE))
-    model = common.shard(disk_common.build(storage), env, "tw_rw_cw")
+    if storage == "key_value":
+        plan = common.plan_for("tw_rw_cw", env.world_size)
+        for table in ("t0", "t1"):
+            plan.plan[common.EBC_PATH][table].compute_kernel = EmbeddingComputeKernel.KEY_VALUE
+        model = DistributedModelParallel(disk_common.build("ram"), env=env, device="cpu", plan=plan)
+    else:
+        model = common.shard(disk_common.build(storage), env, "tw_rw_cw")
     optimizer = common.make_optimizer(model)
     common.train(model, optimizer, range(3), env.rank)
     mapped = len(list(Path(tables_dir).rglob("*.weights")))
@@ -102,12 +112,15 @@ def _sharded_run(env, storage: str, tables_dir: str) -> dict:
     return {"pieces": captured["pieces"], "dense": captured["dense"], "mapped": mapped}
 
 
-@pytest.mark.slow  # two spawned ranks, twice
+@pytest.mark.slow  # two spawned ranks, three times
 def test_sharded_disk_tables_train_like_ram(tmp_path: Path) -> None:
     from tests.distributed.multiprocess import run_multiprocess
 
     ram = run_multiprocess(_sharded_run, 2, "ram", str(tmp_path / "ram"), timeout=400)
     disk = run_multiprocess(_sharded_run, 2, "disk", str(tmp_path / "disk"), timeout=400)
+    key_value = run_multiprocess(_sharded_run, 2, "key_value", str(tmp_path / "kv"), timeout=400)
     assert [r["mapped"] for r in ram] == [0, 0] and all(r["mapped"] >= 1 for r in disk)
-    for a, b in zip(ram, disk):
+    assert all(r["mapped"] >= 1 for r in key_value), "a key_value plan puts the tables on disk"
+    for a, b, c in zip(ram, disk, key_value):
         _assert_same(a, b)
+        _assert_same(a, c)

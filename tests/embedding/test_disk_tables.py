@@ -1,5 +1,6 @@
-"""Disk tables (``storage = "disk"``): training on mapped files is bitwise the training in RAM, with the
-tables far larger than their forced-small cache; files, cache bound and refusals."""
+"""Disk tables (``storage = "disk"``): training through the hot-row cache is bitwise the training in RAM,
+with the tables far larger than their forced-small cache, with and without prefetching the next batch;
+files, cache bound and refusals."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from rectrain.embedding.table_batch import FusedTableBatch
 from rectrain.errors import ConfigError
 from tests.embedding.reference import random_batch
 
-CACHE = 8 * 4096  # 32 KiB of resident pages per kernel, against tables of 128 KiB and more
+CACHE_ROWS = 1000  # slots of "big" (8,192 rows); a batch reads about 560 of its rows
 STEPS = 6
+# Bytes of one row of "big" (16 floats) with its optimizer state, per optimizer.
+ROW_BYTES = {"sgd": 64, "adagrad": 128, "rowwise_adagrad": 68, "adam": 192}
+CACHE = CACHE_ROWS * ROW_BYTES["rowwise_adagrad"]
 
 
 @pytest.fixture
@@ -46,13 +50,20 @@ def _tables(storage: str) -> list[EmbeddingBagConfig]:
 ROWS = {"f0": 8192, "f1": 8192, "odd": 4096, "small": 50}
 
 
-def _train(storage: str, optimizer: str) -> EmbeddingBagCollection:
+def _batch(step: int):
+    return random_batch(ROWS, 64, torch.Generator().manual_seed(step), max_len=8).kjt()
+
+
+def _train(storage: str, optimizer: str, prefetch: bool = False) -> EmbeddingBagCollection:
     torch.manual_seed(0)
     config = FusedOptimizerConfig(optimizer=optimizer, lr=0.05)
     ebc = EmbeddingBagCollection(_tables(storage), fused_optimizer=config)
     for step in range(STEPS):
-        batch = random_batch(ROWS, 64, torch.Generator().manual_seed(step), max_len=8)
-        out = ebc(batch.kjt()).values()
+        if prefetch and step == 0:
+            ebc.prefetch(_batch(0))
+        out = ebc(_batch(step)).values()
+        if prefetch and step + 1 < STEPS:
+            ebc.prefetch(_batch(step + 1))  # as the pipeline does: after forward, while backward runs
         target = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + step))
         ((out - target) ** 2).sum().backward()
     return ebc
@@ -62,14 +73,26 @@ def _disk_buffers(ebc: EmbeddingBagCollection) -> list[disk_tables.DiskBuffers]:
     return [b.disk for b in ebc.embedding_bags.batches if b.disk is not None]
 
 
+def _caches(ebc: EmbeddingBagCollection) -> list:
+    return [b.cache for b in ebc.embedding_bags.batches if b.cache is not None]
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["sync", "prefetch"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
-def test_disk_training_is_bitwise_ram_training(disk_dir: Path, optimizer: str) -> None:
+def test_disk_training_is_bitwise_ram_training(disk_dir: Path, optimizer: str, prefetch: bool) -> None:
+    disk_tables.configure(
+        DiskTablesSettings(dir=str(disk_dir), cache_bytes=CACHE_ROWS * ROW_BYTES[optimizer])
+    )
     ram = _train("ram", optimizer)
-    disk = _train("disk", optimizer)
+    disk = _train("disk", optimizer, prefetch)
     buffers = _disk_buffers(disk)
     assert len(buffers) == 2 and not _disk_buffers(ram)  # SUM and MEAN kernels; "small" stays in RAM
-    assert all(b.nbytes >= 4 * CACHE for b in buffers), "the tables must be far larger than their cache"
-    assert all(b.trims >= STEPS - 1 for b in buffers), "a forced-small cache is trimmed every step"
+    big = _caches(disk)[0].tables[0]
+    assert (big.name, big.slots, big.rows) == ("big", CACHE_ROWS, 8192), "the cache is far smaller"
+    assert disk.embedding_bags.batches[0].tbe.weights_host.numel() == CACHE_ROWS * 16  # only slots in RAM
+    caches = _caches(disk)
+    # Rows were evicted (read more rows than there are slots) and updated ones written back.
+    assert caches[0].misses > CACHE_ROWS and caches[0].writes > 0
     for name, value in ram.state_dict().items():
         assert torch.equal(disk.state_dict()[name], value), name
     ram_state = ram.fused_optimizer.state_dict()["state"]
@@ -83,6 +106,7 @@ def test_disk_training_is_bitwise_ram_training(disk_dir: Path, optimizer: str) -
 def test_rows_live_in_the_files(disk_dir: Path) -> None:
     ebc = _train("disk", "rowwise_adagrad")
     buffers = _disk_buffers(ebc)[0]  # the SUM kernel: "big"
+    ebc.embedding_bags.flush()  # the cache's updated rows go back: the files then hold the whole tables
     files = {p.name.rsplit(".", 1)[1]: p for p in buffers.paths}
     assert set(files) == {"weights", "momentum1"}
     assert all(p.parent.parent == disk_dir for p in files.values())
@@ -102,15 +126,25 @@ def test_rows_live_in_the_files(disk_dir: Path) -> None:
     assert not any(p.exists() for p in paths), "a released kernel's files are removed"
 
 
-def test_trim_bounds_the_resident_pages(disk_dir: Path) -> None:
+def test_writes_into_the_tables_are_read_by_the_next_batch(disk_dir: Path) -> None:
+    """``load_state_dict`` (and anything that writes the weight parameters) goes to the files; the cache is
+    emptied first, so the next lookup reads the new rows, not stale slots."""
     ebc = _train("disk", "sgd")
-    buffers = _disk_buffers(ebc)[0]
-    ebc.embedding_bags["big"].weight.add_(0)  # touch every page: all resident
-    assert buffers.resident_bytes() > CACHE
-    assert buffers.trim()
-    assert buffers.resident_bytes() <= CACHE
-    before = ebc.embedding_bags["big"].weight.clone()
-    assert torch.equal(ebc.embedding_bags["big"].weight, before)  # dropped pages read back from disk
+    ram = _train("ram", "sgd")
+    state = {k: torch.randn_like(v) for k, v in ram.state_dict().items()}
+    ebc.load_state_dict(state)
+    ram.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(ebc(_batch(99)).values(), ram(_batch(99)).values())
+
+
+def test_a_batch_larger_than_the_cache_is_refused_by_name(disk_dir: Path) -> None:
+    disk_tables.configure(DiskTablesSettings(dir=str(disk_dir), cache_bytes=100 * ROW_BYTES["sgd"]))
+    ebc = EmbeddingBagCollection(_tables("disk"), fused_optimizer=FusedOptimizerConfig(optimizer="sgd"))
+    with pytest.raises(
+        ConfigError, match=r"table 'big': a batch reads \d+ distinct rows but its disk cache has 100"
+    ):
+        ebc(_batch(0))
 
 
 def test_sequence_tables_on_disk_match_ram(disk_dir: Path) -> None:
@@ -125,6 +159,7 @@ def test_sequence_tables_on_disk_match_ram(disk_dir: Path) -> None:
         return ec
 
     ram, disk = train("ram"), train("disk")
+    disk.embeddings.flush()  # the weight parameters show the files: the cache writes its rows back first
     assert torch.equal(ram.embeddings["seq"].weight, disk.embeddings["seq"].weight)
 
 

@@ -56,6 +56,11 @@ def test_memory_plan_moves_what_does_not_fit_to_disk(tmp_path: Path) -> None:
     plan = "[planner]\nmemory_plan = true\nmemory_budget_gb = 0.005\nfixed_memory_gb = 0\n"
     training = build_training(_config(tmp_path, extra=plan), None)
     assert _storage(training) == {"small": "ram", "big": "disk"}
+    # big's row cache is the memory the plan left it: about 5 MB less small, at 36 bytes a row.
+    planned = disk_tables.settings().table_cache_bytes["big"]
+    (ebc,) = find_collections(training.model).values()
+    (cache,) = [b.cache for b in ebc.embedding_bags.batches if b.cache is not None]
+    assert 0 < planned < 5_000_000 and cache.tables[0].slots == planned // 36 < 200_000
 
 
 def test_memory_plan_refuses_a_model_that_cannot_fit(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.env, self._device, self._need_indices = env, device, ec.need_indices()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
+        tables = shard_weights.key_value_on_disk(tables, self._shardings, torch.device(device))
         optimizer = fused_optimizer or ec.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         if ec.fused_optimizer_config is None and len(routed) < len(tables):

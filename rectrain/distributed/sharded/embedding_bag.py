@@ -79,6 +79,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
         self._tables = list(tables)
         self._shardings = shard_weights.plan_of(tables, shardings)
+        tables = shard_weights.key_value_on_disk(tables, self._shardings, torch.device(device))
         optimizer = fused_optimizer or ebc.fused_optimizer_config
         routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)

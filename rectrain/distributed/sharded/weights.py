@@ -7,6 +7,7 @@ collections differ only in their kernels and their forward.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -21,7 +22,7 @@ from rectrain.embedding import init
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.errors import ConfigError
-from rectrain.planner.types import ParameterSharding, Shard, ShardingType
+from rectrain.planner.types import EmbeddingComputeKernel, ParameterSharding, Shard, ShardingType
 
 
 class Replicated(Protocol):
@@ -47,6 +48,26 @@ def plan_of(
     if missing:
         raise ConfigError(f"the sharding plan has no entry for tables {missing}")
     return {t.name: shardings[t.name] for t in tables}
+
+
+def key_value_on_disk(
+    tables: Sequence[BaseEmbeddingConfig], shardings: Mapping[str, ParameterSharding], device: torch.device
+) -> list[BaseEmbeddingConfig]:
+    """``tables`` with ``storage = "disk"`` where the plan's compute kernel is TorchRec's ``key_value`` (the
+    fused kernel over a disk table); refused by name where that cannot run (data-parallel, not on CPU)."""
+    out = []
+    for table in tables:
+        sharding = shardings[table.name]
+        if sharding.compute_kernel is not EmbeddingComputeKernel.KEY_VALUE:
+            out.append(table)
+            continue
+        if sharding.sharding_type is ShardingType.DATA_PARALLEL or device.type != "cpu":
+            raise ConfigError(
+                f"table {table.name!r}: compute kernel 'key_value' (a disk table) runs only on CPU and not "
+                f"data-parallel; the plan has {sharding.sharding_type.value} on {device.type}"
+            )
+        out.append(dataclasses.replace(table, storage="disk"))
+    return out
 
 
 def routed_shardings(shardings: Mapping[str, ParameterSharding]) -> dict[str, ParameterSharding]:
