@@ -27,9 +27,6 @@ def _each(names: str, why: str) -> dict[str, str]:
 
 _WHY = {
     _P + "planners": {
-        "extract_plan": "loads a stored plan into the search space; load it with ShardingPlan.from_json",
-        "validate_compute_kernels": "checks kernels against sharders; the planner offers only those it runs",
-        "validate_modules_inclusion_in_sharding_plan": "checks a plan covers the model; DMP checks this",
         "EmbeddingPlannerBase": _COMPONENT,
         "to_sharding_plan": "turns placed options into a plan; the planner returns a ShardingPlan",
     },
@@ -41,7 +38,6 @@ _WHY = {
     _P + "partitioners": _each(
         "GreedyPerfPartitioner MemoryBalancedPartitioner OrderedDeviceHardware", _COMPONENT
     ),
-    _P + "stats": _each("EmbeddingStats NoopEmbeddingStats", "formats TorchRec's report; use plan.report()"),
     _P + "estimator": {"EmbeddingPerfEstimatorFactory": "builds TorchRec's perf estimators; " + _COMPONENT},
     _P + "utils": _each("LuusJaakolaSearch BinarySearchPredicate", _SEARCH),
     _P + "types": _each(
