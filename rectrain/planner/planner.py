@@ -97,8 +97,8 @@ class EmbeddingShardingPlanner:
         refused = sorted(name for name, value in given.items() if value)
         if refused:
             raise ConfigError(
-                f"EmbeddingShardingPlanner({', '.join(refused)}=...): rectrain's planner searches with its own "
-                "proposals and partitioner (rectrain.planner.planner); it takes topology, batch_size, "
+                f"EmbeddingShardingPlanner({', '.join(refused)}=...): rectrain's planner searches with its "
+                "own proposals and partitioner (rectrain.planner.planner); it takes topology, batch_size, "
                 "storage_reservation, stats, constraints, debug, fused_optimizer, max_search_evaluations and "
                 "storage_estimator"
             )

@@ -1,7 +1,7 @@
-"""What the planner logs after a plan (TorchRec's ``Stats`` components, ``torchrec.distributed.planner.stats``).
+"""What the planner logs after a plan (TorchRec's ``Stats``, ``torchrec.distributed.planner.stats``).
 
-:class:`EmbeddingStats` frames the plan's own report (``ShardingPlan.report()``: per rank the shards, bytes and
-seconds) between the search's figures and TorchRec's summary lines (imbalance measures, the fullest rank,
+:class:`EmbeddingStats` frames the plan's own report (``ShardingPlan.report()``: per rank the shards, bytes
+and seconds) between the search's figures and TorchRec's summary lines (imbalance measures, the fullest rank,
 how many tables had their kernel fixed by constraints); it keeps the lines in ``_stats_table`` and logs them.
 """
 
