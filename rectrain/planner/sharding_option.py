@@ -45,6 +45,9 @@ class Perf:
             + self.input_dist_comms
         )
 
+    def __add__(self, other: Perf) -> Perf:
+        return Perf(*(getattr(self, f) + getattr(other, f) for f in _PERF_FIELDS))
+
     def __hash__(self) -> int:
         return hash(
             (
@@ -56,6 +59,16 @@ class Perf:
                 self.input_dist_comms,
             )
         )
+
+
+_PERF_FIELDS = (
+    "fwd_compute",
+    "fwd_comms",
+    "bwd_compute",
+    "bwd_comms",
+    "prefetch_compute",
+    "input_dist_comms",
+)
 
 
 class PartitionByType(Enum):
