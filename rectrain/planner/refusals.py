@@ -35,9 +35,6 @@ _WHY = {
         "EmbeddingOffloadScaleupProposer proposers_to_proposals_list",
         _COMPONENT,
     ),
-    _P + "partitioners": _each(
-        "GreedyPerfPartitioner MemoryBalancedPartitioner OrderedDeviceHardware", _COMPONENT
-    ),
     _P + "estimator": {"EmbeddingPerfEstimatorFactory": "builds TorchRec's perf estimators; " + _COMPONENT},
     _P + "utils": _each("LuusJaakolaSearch BinarySearchPredicate", _SEARCH),
     _P + "types": _each(
