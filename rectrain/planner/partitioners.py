@@ -1,4 +1,4 @@
-"""TorchRec's partitioners (``torchrec.distributed.planner.partitioners``): place a proposal's shards on ranks.
+"""TorchRec's partitioners (``torchrec.distributed.planner.partitioners``): put a proposal's shards on ranks.
 
 They read and write TorchRec's records: each shard carries a ``Storage`` and a ``Perf``, every device of the
 storage-constraint topology a ``Storage`` it may still use, and a partition sets ``shard.rank`` in place or
@@ -212,8 +212,8 @@ class GreedyPerfPartitioner:
         for option in options:
             if option.num_shards != len(devices):
                 raise _fail(
-                    f"For a uniform partition, the number of shards ({option.num_shards}) must equal the number "
-                    f"of devices ({len(devices)})"
+                    f"For a uniform partition, the number of shards ({option.num_shards}) must equal the "
+                    f"number of devices ({len(devices)})"
                 )
             for shard, device in zip(option.shards, devices):
                 if not shard.storage.fits_in(device.storage):
