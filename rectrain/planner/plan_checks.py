@@ -1,9 +1,10 @@
 """Checks of a plan against the model and of placed options, and the merge of a loaded plan into a search
 space (TorchRec's ``validate_compute_kernels``, ``validate_modules_inclusion_in_sharding_plan`` and
-``extract_plan``, ``torchrec.distributed.planner.planners``)."""
+``extract_plan``, ``torchrec.distributed.planner.planners``, and its ``PlanLoader`` interface)."""
 
 from __future__ import annotations
 
+import abc
 import copy
 from collections import deque
 from typing import Any
@@ -82,6 +83,20 @@ def validate_modules_inclusion_in_sharding_plan(
             f"The following shardable modules are not present in the sharding plan{group}: {missing}.",
             PlannerErrorType.MISSING_MODULE_IN_PLAN,
         )
+
+
+class PlanLoader(abc.ABC):
+    """Where a stored plan comes from: its options keyed by ``ShardingOption.storage_hash()``, and the hash
+    of the planner inputs it was made for."""
+
+    @abc.abstractmethod
+    def load(self) -> dict[int, ShardingOption] | None: ...
+
+    @abc.abstractmethod
+    def plan_context_hash(self) -> str: ...
+
+    def get_plan_id(self) -> str | None:
+        return None
 
 
 def extract_plan(

@@ -5,6 +5,7 @@ from rectrain.distributed.planner.utils import SharderData
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.plan_checks import PlanLoader
 from rectrain.planner.refusals import refusing_getattr
 from rectrain.planner.sharding_option import PartitionByType, Perf, ShardingOption
 from rectrain.planner.topology import DeviceHardware, Storage, Topology
@@ -14,6 +15,7 @@ __all__ = [
     "DeviceHardware",
     "ParameterConstraints",
     "PartitionByType",
+    "PlanLoader",
     "Perf",
     "PlannerError",
     "PlannerErrorType",
