@@ -9,6 +9,7 @@ config in ``table``, a meta weight, and per-feature ``batch_sizes``). Its shards
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -248,6 +249,12 @@ class ShardingOption:
         result = copy.copy(self)
         result.shards = shards
         return result
+
+    def storage_hash(self) -> int:
+        """A hash of what the option is before planning (table, type, kernel, cache load factor, shard
+        count), stable across processes: the key of a stored plan's options (TorchRec's)."""
+        key = f"{self.fqn}|{self.sharding_type}|{self.compute_kernel}|{self.cache_load_factor}|{self.num_shards}"
+        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "big")
 
     def get_shards_assignment(self) -> list[int | None]:
         return [shard.rank for shard in self.shards]
