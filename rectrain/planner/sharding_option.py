@@ -253,7 +253,8 @@ class ShardingOption:
     def storage_hash(self) -> int:
         """A hash of what the option is before planning (table, type, kernel, cache load factor, shard
         count), stable across processes: the key of a stored plan's options (TorchRec's)."""
-        key = f"{self.fqn}|{self.sharding_type}|{self.compute_kernel}|{self.cache_load_factor}|{self.num_shards}"
+        key = f"{self.fqn}|{self.sharding_type}|{self.compute_kernel}|{self.cache_load_factor}"
+        key += f"|{self.num_shards}"
         return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "big")
 
     def get_shards_assignment(self) -> list[int | None]:
