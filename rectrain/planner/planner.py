@@ -28,7 +28,7 @@ from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.enumerate import EmbeddingEnumerator
-from rectrain.planner.errors import PlannerError
+from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.partition import PartitionFailure, Placement, partition
 from rectrain.planner.perf import estimate_perf
 from rectrain.planner.plan import ShardingPlan
@@ -43,7 +43,7 @@ from rectrain.planner.proposers import (
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.stats import EmbeddingStats
 from rectrain.planner.storage import estimate_storage
-from rectrain.planner.tables import collect_tables
+from rectrain.planner.tables import collect_tables, sharded_tables
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import PLANNED_SHARDING_TYPES, ParameterSharding, ShardingType
 
@@ -138,7 +138,12 @@ class EmbeddingShardingPlanner:
         """
         start = time.perf_counter()
         self._num_proposals = self._num_plans = 0
-        tables = collect_tables(module)
+        self._best_plan = None
+        if isinstance(module, nn.Module) and sharders is not None:
+            sharded = sharded_tables(module, sharders)
+            if not sharded:
+                return ShardingPlan({})  # nothing the sharders shard (TorchRec's empty plan)
+        tables = collect_tables(sharded if isinstance(module, nn.Module) and sharders is not None else module)
         known = {t.name for configs in tables.values() for t in configs}
         unknown = sorted(set(self._constraints) - known)
         if unknown:
@@ -217,7 +222,8 @@ class EmbeddingShardingPlanner:
         kept = [o for o in options if fits(o)]
         if not kept:
             leanest = min(options, key=lambda o: max(s.storage for s in o.shards))
-            raise _no_fit_error(leanest, max(s.storage for s in leanest.shards), caps)
+            needed = max(s.storage for s in leanest.shards)
+            raise self._no_fit_error(leanest, needed, caps, _total_storage([leanest], len(caps)))
         return kept
 
     def _search(self, options: list[list[ShardingOption]]) -> Placement:
@@ -246,8 +252,28 @@ class EmbeddingShardingPlanner:
             candidates.append(memory_balanced)
         if not candidates:
             assert isinstance(memory_balanced, PartitionFailure)
-            raise _no_fit_error(memory_balanced.option, memory_balanced.needed, memory_balanced.free)
+            failure, total = memory_balanced, _total_storage(lean_options, world)
+            raise self._no_fit_error(failure.option, failure.needed, failure.free, total)
         return min(candidates, key=lambda p: p.score)
+
+    def _no_fit_error(self, option: ShardingOption, needed: int, free: list[int], total: int) -> PlannerError:
+        """Why ``option`` found no rank: INSUFFICIENT_STORAGE when the leanest choice (``total`` bytes)
+        exceeds the whole world's memory, else STRICT_CONSTRAINTS (TorchRec's classification)."""
+        table = option.table
+        weight_bytes = table.num_embeddings * table.embedding_dim * table.data_type.bits // 8
+        shortfall = ", ".join(
+            f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
+        )
+        insufficient = total > sum(free)
+        return PlannerError(
+            f"cannot place table {table.name!r} of module {option.path!r} ({table.num_embeddings} x "
+            f"{table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of weights): its "
+            f"smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer state and "
+            f"buffers; per rank: {shortfall}{_reserved(self._storage_reservation)}. Add ranks, raise "
+            "ddr_cap/hbm_cap, lower the batch size, or allow more sharding types in the table's "
+            "ParameterConstraints",
+            PlannerErrorType.INSUFFICIENT_STORAGE if insufficient else PlannerErrorType.STRICT_CONSTRAINTS,
+        )
 
 
 def _sharder_types(sharders: list | None, compute_device: str) -> list[ShardingType] | None:
@@ -279,19 +305,20 @@ def _default_topology() -> Topology:
     return Topology(world_size=world, compute_device=device, local_world_size=local)
 
 
-def _no_fit_error(option: ShardingOption, needed: int, free: list[int]) -> PlannerError:
-    table = option.table
-    weight_bytes = table.num_embeddings * table.embedding_dim * table.data_type.bits // 8
-    shortfall = ", ".join(
-        f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
-    )
-    return PlannerError(
-        f"cannot place table {table.name!r} of module {option.path!r} "
-        f"({table.num_embeddings} x {table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of "
-        f"weights): its smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer "
-        f"state and buffers; per rank: {shortfall}. Add ranks, raise ddr_cap/hbm_cap, lower the batch "
-        "size, or allow more sharding types in the table's ParameterConstraints"
-    )
+def _total_storage(options: list[ShardingOption], world_size: int) -> int:
+    """Bytes the options need over all ranks (a data-parallel table once per rank)."""
+    copies = [world_size if o.sharding_type == ShardingType.DATA_PARALLEL else 1 for o in options]
+    return sum(n * sum(s.storage for s in o.shards) for n, o in zip(copies, options))
+
+
+def _reserved(reservation: Any) -> str:
+    """What a storage reservation kept back, for an error message ('' for none)."""
+    if reservation is None:
+        return ""
+    name = type(reservation).__name__
+    if getattr(reservation, "_hbm_bytes", 0):
+        return f" (after {name} kept {reservation._hbm_bytes / 1024**3:g} GB per device)"
+    return f" (after {name} kept {getattr(reservation, '_percentage', 0):.0%} of every device's memory)"
 
 
 def _to_plan(
@@ -304,8 +331,9 @@ def _to_plan(
         else:
             ranks = [s.rank for s in option.shards]
         plan[option.path][option.name] = ParameterSharding(
-            option.sharding_type, option.compute_kernel, ranks, list(option.shards)
-        )
+            option.sharding_type, option.compute_kernel, ranks, list(option.shards), option.cache_params,
+            option.enforce_hbm, option.stochastic_rounding, option.bounds_check_mode,
+        )  # fmt: skip
     shapes = {
         path: {t.name: (t.num_embeddings, t.embedding_dim) for t in sorted(configs, key=lambda t: t.name)}
         for path, configs in sorted(tables.items())

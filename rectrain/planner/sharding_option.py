@@ -72,6 +72,13 @@ _PERF_FIELDS = (
 )
 
 
+# What an option carries from its table's ParameterConstraints (into the plan's ParameterSharding).
+_FROM_CONSTRAINTS = (
+    "cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "feature_names",
+    "output_dtype", "key_value_params",
+)  # fmt: skip
+
+
 class PartitionByType(Enum):
     """How a partitioner places an option's shards: each on any device, all within one host, one per
     rank in order, or across hosts."""
@@ -165,17 +172,23 @@ class ShardingOption:
         compute_kernel: str,
         shards: list[Shard],
         features: list[tuple[int, float]],
+        constraint: Any = None,
     ) -> ShardingOption:
         """An option of the table ``table`` of the module at ``module_path`` (``features``: ``(batch size,
-        pooling factor)`` per feature), as rectrain's planner enumerates them from table configs."""
+        pooling factor)`` per feature), as rectrain's planner enumerates them from table configs; the
+        table's ``ParameterConstraints`` give the kernel options it carries (TorchRec's fields)."""
         dtype = {32: torch.float32, 16: torch.float16}.get(table.data_type.bits, torch.uint8)
         weight = torch.empty(table.num_embeddings, table.embedding_dim, device="meta", dtype=dtype)
         batch_sizes, input_lengths = [b for b, _ in features], [p for _, p in features]
-        return cls(
+        option = cls(
             table.name, weight, (module_path, None), input_lengths, batch_sizes[0], sharding_type,
             get_partition_by_type(sharding_type), compute_kernel, shards,
             is_pooled=isinstance(table, EmbeddingBagConfig), table=table, batch_sizes=batch_sizes,
+            **{name: getattr(constraint, name) for name in _FROM_CONSTRAINTS if constraint is not None},
         )  # fmt: skip
+        if constraint is not None:
+            option.is_weighted = constraint.is_weighted
+        return option
 
     @property
     def features(self) -> list[tuple[int, float]]:
