@@ -2,6 +2,7 @@
 shard metadata, FBGEMM's ``BoundsCheckMode`` and ``CacheAlgorithm``, and the awaitables and module base class
 of TorchRec's sharded-module protocol."""
 
+import abc
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -30,6 +31,22 @@ class PipelineType(Enum):
     TRAIN_PREFETCH_SPARSE_DIST = "train_prefetch_sparse_dist"
 
 
+class CacheStatistics(abc.ABC):
+    """What the UVM-cache scale-up knows of a table's access pattern (TorchRec's interface; rectrain runs
+    no UVM cache, its planner records read it)."""
+
+    @property
+    @abc.abstractmethod
+    def expected_lookups(self) -> float: ...
+
+    @abc.abstractmethod
+    def expected_miss_rate(self, clf: float) -> float: ...
+
+    @property
+    @abc.abstractmethod
+    def cacheability(self) -> float: ...
+
+
 @dataclass
 class CacheParams:
     """TorchRec's UVM-cache settings of a table (``ParameterConstraints(cache_params=...)``): the planner's
@@ -54,6 +71,7 @@ __all__ = [
     "BoundsCheckMode",
     "CacheAlgorithm",
     "CacheParams",
+    "CacheStatistics",
     "DataType",
     "EmbeddingModuleShardingPlan",
     "KeyValueParams",

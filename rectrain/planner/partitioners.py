@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from rectrain.planner.errors import PlannerError, PlannerErrorType
+from rectrain.planner.protocols import Partitioner
 from rectrain.planner.sharding_option import PartitionByType, Perf, ShardingOption
 from rectrain.planner.topology import DeviceHardware, Storage, Topology
 
@@ -111,7 +112,7 @@ def _groups(
     return sorted(groups.values(), key=size, reverse=True)
 
 
-class GreedyPerfPartitioner:
+class GreedyPerfPartitioner(Partitioner):
     """Greedy placement, largest groups first (module doc). ``sort_by``: what "largest" means;
     ``balance_modules``: place the tables of smaller modules first."""
 
@@ -299,7 +300,7 @@ def _rate(plan: list[ShardingOption], world_size: int) -> float:
     return max(perfs)
 
 
-class MemoryBalancedPartitioner:
+class MemoryBalancedPartitioner(Partitioner):
     """The greedy plan (by perf), then a bisection of a per-rank HBM cap between the average need (or the
     largest shard) and the greedy plan's peak: the lowest cap whose plan is within ``tolerance`` of the
     greedy plan's perf wins; at most ``max_search_count`` tries, stopping within 10 MB."""

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rectrain.planner.protocols import Proposer
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.types import PLANNED_SHARDING_TYPES, ShardingType
 
@@ -119,7 +120,7 @@ def _by_fqn(search_space: list[ShardingOption]) -> dict[str, list[ShardingOption
     return grouped
 
 
-class GreedyProposer:
+class GreedyProposer(Proposer):
     """Best options first, then one table at a time to its next option (module doc)."""
 
     def __init__(self, use_depth: bool = True, threshold: int | None = None) -> None:
@@ -170,7 +171,7 @@ class GreedyProposer:
             self._current_proposal[largest] += 1
 
 
-class UniformProposer:
+class UniformProposer(Proposer):
     """One proposal per sharding type that every table offers (module doc)."""
 
     def __init__(self, use_depth: bool = True) -> None:
@@ -205,7 +206,7 @@ class UniformProposer:
         self._proposal_index += 1
 
 
-class GridSearchProposer:
+class GridSearchProposer(Proposer):
     """Every combination of the tables' options, if there are at most ``max_proposals`` (module doc)."""
 
     def __init__(self, max_proposals: int = MAX_PROPOSALS) -> None:
@@ -239,7 +240,7 @@ class GridSearchProposer:
         self._proposal_index += 1
 
 
-class DynamicProgrammingProposer:
+class DynamicProgrammingProposer(Proposer):
     """Least total perf for each total HBM, by dynamic programming over binned HBM (module doc)."""
 
     def __init__(self, hbm_bins_per_device: int = 100) -> None:

@@ -37,7 +37,7 @@ _WHY = {
     _P + "estimator": {"EmbeddingPerfEstimatorFactory": "builds TorchRec's perf estimators; " + _COMPONENT},
     _P + "utils": _each("LuusJaakolaSearch BinarySearchPredicate", _SEARCH),
     _P + "types": _each(
-        "Stats PlanDebugStats CustomTopologyData BasicCommsBandwidths GeneralizedCommsBandwidth "
+        "PlanDebugStats CustomTopologyData BasicCommsBandwidths GeneralizedCommsBandwidth "
         "HardwareConfig TrainerConfig KernelConfig TopologyFactory hash_planner_context_inputs "
         "hash_planner_context_inputs_str CriticalPathEstimate",
         "describes TorchRec's planner context (hardware configs, plan loading, stats); rectrain's Topology "

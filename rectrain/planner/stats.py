@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rectrain.planner.protocols import Stats
+
 logger = logging.getLogger(__name__)
 
 MIN_WIDTH = 90
@@ -80,7 +82,7 @@ def _value(x: Any, memory: str) -> float:
     return float(getattr(x, "total", x))
 
 
-class EmbeddingStats:
+class EmbeddingStats(Stats):
     """Logs the plan's report with the planner's figures around it (see the module doc)."""
 
     def __init__(self) -> None:
@@ -161,7 +163,7 @@ class EmbeddingStats:
         self._stats_table += [self._row(f"Hardcoded {k}: {n}", 4) for k, n in sorted(fixed.items())]
 
 
-class NoopEmbeddingStats:
+class NoopEmbeddingStats(Stats):
     """Logs nothing."""
 
     def log(self, *args: Any, **kwargs: Any) -> None:
