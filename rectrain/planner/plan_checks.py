@@ -38,12 +38,12 @@ def validate_compute_kernels(best_plan: list[ShardingOption]) -> None:
             violations.append(
                 f"{fqn}: {kernel} requires cache_load_factor strictly between 0 and 1, got {clf}"
             )
-        storage = option.total_storage
-        for memory in ("hbm", "ddr"):
-            if getattr(storage, memory) < 0:
-                violations.append(
-                    f"{fqn}: {kernel} has negative {memory.upper()} storage ({getattr(storage, memory)})"
-                )
+        for memory in ("hbm", "ddr"):  # rectrain's own options carry plain bytes: checked once, as DDR
+            used = sum(
+                getattr(sh.storage, memory, sh.storage if memory == "ddr" else 0) or 0 for sh in option.shards
+            )
+            if used < 0:
+                violations.append(f"{fqn}: {kernel} has negative {memory.upper()} storage ({used})")
     if violations:
         raise PlannerError(
             f"Compute kernel validation failed with {len(violations)} violation(s):\n"
