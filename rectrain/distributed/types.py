@@ -2,6 +2,7 @@
 shard metadata, FBGEMM's ``BoundsCheckMode`` and ``CacheAlgorithm``, and the awaitables and module base class
 of TorchRec's sharded-module protocol."""
 
+import abc
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -22,6 +23,8 @@ from rectrain.distributed.interfaces.awaitable import (
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.embedding.config import DataType
+from rectrain.planner.constraints import KeyValueParams
+from rectrain.planner.plan import ModulePlan as EmbeddingModuleShardingPlan
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.types import ParameterSharding, ShardingType
 
@@ -33,6 +36,22 @@ class PipelineType(Enum):
     TRAIN_BASE = "train_base"
     TRAIN_SPARSE_DIST = "train_sparse_dist"
     TRAIN_PREFETCH_SPARSE_DIST = "train_prefetch_sparse_dist"
+
+
+class CacheStatistics(abc.ABC):
+    """What the UVM-cache scale-up knows of a table's access pattern (TorchRec's interface; rectrain runs
+    no UVM cache, its planner records read it)."""
+
+    @property
+    @abc.abstractmethod
+    def expected_lookups(self) -> float: ...
+
+    @abc.abstractmethod
+    def expected_miss_rate(self, clf: float) -> float: ...
+
+    @property
+    @abc.abstractmethod
+    def cacheability(self) -> float: ...
 
 
 @dataclass
@@ -59,8 +78,11 @@ __all__ = [
     "BoundsCheckMode",
     "CacheAlgorithm",
     "CacheParams",
+    "CacheStatistics",
     "DataType",
+    "EmbeddingModuleShardingPlan",
     "GetItemLazyAwaitable",
+    "KeyValueParams",
     "LazyAwaitable",
     "LazyGetItemMixin",
     "LazyNoWait",

@@ -113,3 +113,28 @@ def _broadcast(values: list, n: int, argument: str, table: str) -> list:
             "(give one value per feature, or a single value for all)"
         )
     return list(values)
+
+
+@dataclass
+class KeyValueParams:
+    """TorchRec's SSD key-value table settings (``ParameterConstraints(key_value_params=...)``): a record
+    the planner carries; the key-value kernels that read it are refused (rectrain does not run them)."""
+
+    ssd_storage_directory: str | None = None
+    ssd_rocksdb_write_buffer_size: int | None = None
+    ssd_rocksdb_shards: int | None = None
+    gather_ssd_cache_stats: bool | None = None
+    stats_reporter_config: Any = None
+    use_passed_in_path: bool = True
+    l2_cache_size: int | None = None
+    max_l1_cache_size: int | None = None
+    enable_async_update: bool | None = None
+    bulk_init_chunk_size: int | None = None
+    lazy_bulk_init_enabled: bool | None = None
+    enable_raw_embedding_streaming: bool | None = None
+    res_store_shards: int | None = None
+    kvzch_tbe_config: Any = None
+    load_ckpt_without_opt: bool = False
+
+    def __hash__(self) -> int:
+        return hash(tuple(str(v) for v in vars(self).values()))

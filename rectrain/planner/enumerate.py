@@ -55,6 +55,7 @@ class EmbeddingEnumerator:
     def __init__(self, topology: Topology, batch_size: int) -> None:
         self._topology = topology
         self._batch_size = batch_size
+        self.last_stored_search_space: list[ShardingOption] | None = None  # TorchRec's: the last options
 
     def enumerate(
         self,
@@ -77,6 +78,7 @@ class EmbeddingEnumerator:
                         + "; ".join(self._refusals(table, constraint))
                     )
                 result.append(options)
+        self.last_stored_search_space = [option for options in result for option in options]
         return result
 
     def _table_options(
@@ -94,7 +96,7 @@ class EmbeddingEnumerator:
                     if kernel in allowed_kernels and _kernel_fits(sharding_type, kernel):
                         options.append(
                             ShardingOption.for_table(
-                                module_path, table, sharding_type, kernel, shards, features
+                                module_path, table, sharding_type, kernel, shards, features, constraint
                             )
                         )
         return options

@@ -16,6 +16,8 @@ class PlannerErrorType(Enum):
     PLAN_LOADING_FAILED = "plan_loading_failed"
     INVALID_RANK_ASSIGNMENT = "invalid_rank_assignment"
     INPUT_VALIDATION = "input_validation"
+    MISSING_MODULE_IN_PLAN = "missing_module_in_plan"
+    INVALID_COMPUTE_KERNEL = "invalid_compute_kernel"
 
 
 class PlannerError(RecTrainError):

@@ -39,12 +39,13 @@ class ShardingPlan:
     """``plan[module_path][table_name] -> ParameterSharding`` (``torchrec.distributed.types.ShardingPlan``).
 
     ``table_shapes[module_path][table_name]`` is ``(num_embeddings, embedding_dim)``; the plan is validated
-    against it on construction, so a plan that exists covers every table exactly once.
+    against it on construction, so a plan that exists covers every table exactly once. ``ShardingPlan({})``
+    (TorchRec's form) is the empty plan of one rank.
     """
 
     plan: dict[str, ModulePlan]
-    world_size: int
-    table_shapes: dict[str, dict[str, tuple[int, int]]]
+    world_size: int = 1
+    table_shapes: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     local_world_size: int | None = None
     format_version: int = field(default=FORMAT_VERSION)
 

@@ -16,7 +16,9 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +28,7 @@ from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.enumerate import EmbeddingEnumerator
-from rectrain.planner.errors import PlannerError
+from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.partition import PartitionFailure, Placement, partition
 from rectrain.planner.perf import estimate_perf
 from rectrain.planner.plan import ShardingPlan
@@ -39,8 +41,9 @@ from rectrain.planner.proposers import (
     uniform_proposals,
 )
 from rectrain.planner.sharding_option import ShardingOption
+from rectrain.planner.stats import EmbeddingStats
 from rectrain.planner.storage import estimate_storage
-from rectrain.planner.tables import collect_tables
+from rectrain.planner.tables import collect_tables, sharded_tables
 from rectrain.planner.topology import Topology
 from rectrain.planner.types import PLANNED_SHARDING_TYPES, ParameterSharding, ShardingType
 
@@ -54,21 +57,51 @@ BATCH_SIZE = 512  # per-rank batch size assumed when none is given (TorchRec's d
 class EmbeddingShardingPlanner:
     """Plans how to shard embedding tables over a topology (``torchrec.distributed.planner``'s planner).
 
-    ``constraints`` maps table names to :class:`ParameterConstraints`. ``fused_optimizer`` sizes the optimizer
-    state. ``max_search_evaluations`` bounds the local search (placements tried), and so planning time.
-    ``storage_estimator(option, topology, optimizer)`` gives each shard's bytes in the memory the topology
-    bounds (``Topology.capacity``); default: rectrain's measured rule, ``storage.estimate_storage``.
+    ``constraints`` maps table names to :class:`ParameterConstraints`. ``storage_reservation`` (TorchRec's
+    ``StorageReservation``, e.g. ``rectrain.planner.reservations.HeuristicalStorageReservation``) lowers every
+    rank's memory before planning; default: none. ``stats`` (one or a list of TorchRec's ``Stats``, default
+    :class:`~rectrain.planner.stats.EmbeddingStats`) log each plan; ``debug`` adds their imbalance lines.
+    ``fused_optimizer`` sizes the optimizer state. ``max_search_evaluations`` bounds the local search
+    (placements tried), and so planning time. ``storage_estimator(option, topology, optimizer)`` gives each
+    shard's bytes in the memory the topology bounds (``Topology.capacity``); default: rectrain's measured
+    rule, ``storage.estimate_storage``. TorchRec's ``enumerator``, ``proposer``, ``partitioner``,
+    ``performance_model``, ``callbacks``, ``timeout_seconds`` and ``plan_loader`` are refused when given:
+    the search is rectrain's (module doc).
     """
 
     def __init__(
         self,
         topology: Topology | None = None,
         batch_size: int | None = None,
+        enumerator: Any = None,
+        storage_reservation: Any = None,
+        proposer: Any = None,
+        partitioner: Any = None,
+        performance_model: Any = None,
+        stats: Any = None,
         constraints: dict[str, ParameterConstraints] | None = None,
+        debug: bool = True,
+        callbacks: list | None = None,
+        timeout_seconds: int | None = None,
+        plan_loader: Any = None,
+        *,
         fused_optimizer: FusedOptimizerConfig | None = None,
         max_search_evaluations: int = 256,
         storage_estimator: StorageEstimator = estimate_storage,
     ) -> None:
+        given = {
+            "enumerator": enumerator, "proposer": proposer, "partitioner": partitioner,
+            "performance_model": performance_model, "callbacks": callbacks,
+            "timeout_seconds": timeout_seconds, "plan_loader": plan_loader,
+        }  # fmt: skip
+        refused = sorted(name for name, value in given.items() if value)
+        if refused:
+            raise ConfigError(
+                f"EmbeddingShardingPlanner({', '.join(refused)}=...): rectrain's planner searches with its "
+                "own proposals and partitioner (rectrain.planner.planner); it takes topology, batch_size, "
+                "storage_reservation, stats, constraints, debug, fused_optimizer, max_search_evaluations and "
+                "storage_estimator"
+            )
         if topology is None:
             topology = _default_topology()
         batch_size = BATCH_SIZE if batch_size is None else batch_size
@@ -82,28 +115,47 @@ class EmbeddingShardingPlanner:
         self._optimizer = fused_optimizer or FusedOptimizerConfig()
         self._max_evaluations = max_search_evaluations
         self._storage_estimator = storage_estimator
+        self._storage_reservation = storage_reservation
+        self._stats = [EmbeddingStats()] if stats is None else (stats if isinstance(stats, list) else [stats])
+        self._debug = debug
         self._enumerator = EmbeddingEnumerator(topology, batch_size)
+        # The last plan's search, as TorchRec's planner keeps it.
+        self._num_proposals = self._num_plans = 0
+        self._best_plan: list[ShardingOption] | None = None
 
     @property
     def topology(self) -> Topology:
         return self._topology
 
     def plan(
-        self, module_or_tables: nn.Module | dict[str, list[BaseEmbeddingConfig]], sharders: list | None = None
+        self, module: nn.Module | dict[str, list[BaseEmbeddingConfig]], sharders: list | None = None
     ) -> ShardingPlan:
-        """Plan every table of ``module_or_tables`` (``{module_path: [table configs]}`` or a module to scan).
+        """Plan every table of ``module`` (a module to scan, or ``{module_path: [table configs]}``).
 
         ``sharders`` (TorchRec's argument) restricts the sharding types to those the sharders offer
         (``sharder.sharding_types(compute_device)``; types rectrain does not have are ignored), on top of
         the tables' ``ParameterConstraints``. None or empty: no restriction.
         """
-        tables = collect_tables(module_or_tables)
+        start = time.perf_counter()
+        self._num_proposals = self._num_plans = 0
+        self._best_plan = None
+        if isinstance(module, nn.Module) and sharders is not None:
+            sharded = sharded_tables(module, sharders)
+            if not sharded:
+                return ShardingPlan({})  # nothing the sharders shard (TorchRec's empty plan)
+        tables = collect_tables(sharded if isinstance(module, nn.Module) and sharders is not None else module)
         known = {t.name for configs in tables.values() for t in configs}
         unknown = sorted(set(self._constraints) - known)
         if unknown:
             raise ConfigError(
                 f"constraints name tables that do not exist: {unknown}; tables: {sorted(known)}"
             )
+        self._storage_constraint = self._topology
+        if self._storage_reservation is not None:
+            self._storage_constraint = self._storage_reservation.reserve(
+                topology=self._topology, batch_size=self._batch_size, module=module,
+                sharders=sharders or [], constraints=self._constraints,
+            )  # fmt: skip
         offered = _sharder_types(sharders, self._topology.compute_device)
         options = [
             [self._estimate(o) for o in opts]
@@ -112,12 +164,19 @@ class EmbeddingShardingPlanner:
         options = [self._drop_oversized(opts) for opts in options]
         placement = self._search(options)
         plan = _to_plan(placement, tables, self._topology)
-        logger.debug("sharding plan (score %s):\n%s", placement.score, plan.report())
+        self._best_plan = placement.options
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=plan, topology=self._topology, batch_size=self._batch_size,
+                storage_reservation=self._storage_reservation, num_proposals=self._num_proposals,
+                num_plans=self._num_plans, run_time=time.perf_counter() - start, best_plan=self._best_plan,
+                constraints=self._constraints, sharders=sharders, debug=self._debug,
+            )  # fmt: skip
         return plan
 
     def collective_plan(
         self,
-        module_or_tables: nn.Module | dict[str, list[BaseEmbeddingConfig]],
+        module: nn.Module | dict[str, list[BaseEmbeddingConfig]],
         sharders: list | None = None,
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
@@ -127,11 +186,11 @@ class EmbeddingShardingPlanner:
         broadcast too and raised on every rank, so no rank hangs.
         """
         if not (dist.is_available() and dist.is_initialized()):
-            return self.plan(module_or_tables, sharders)
+            return self.plan(module, sharders)
         payload: list[str | None] = [None]
         if dist.get_rank(pg) == 0:
             try:
-                payload[0] = self.plan(module_or_tables, sharders).to_json()
+                payload[0] = self.plan(module, sharders).to_json()
             except (PlannerError, ConfigError) as e:
                 payload[0] = json.dumps({"error": f"{type(e).__name__}: {e}"})
         from rectrain.distributed.comm.timeouts import collective
@@ -151,7 +210,7 @@ class EmbeddingShardingPlanner:
 
     def _drop_oversized(self, options: list[ShardingOption]) -> list[ShardingOption]:
         """Options whose every shard fits some rank it may go to, on an empty topology."""
-        caps = [self._topology.capacity(r) for r in range(self._topology.world_size)]
+        caps = [self._storage_constraint.capacity(r) for r in range(self._topology.world_size)]
 
         def fits(option: ShardingOption) -> bool:
             if option.sharding_type == ShardingType.DATA_PARALLEL:
@@ -163,7 +222,8 @@ class EmbeddingShardingPlanner:
         kept = [o for o in options if fits(o)]
         if not kept:
             leanest = min(options, key=lambda o: max(s.storage for s in o.shards))
-            raise _no_fit_error(leanest, max(s.storage for s in leanest.shards), caps)
+            needed = max(s.storage for s in leanest.shards)
+            raise self._no_fit_error(leanest, needed, caps, _total_storage([leanest], len(caps)))
         return kept
 
     def _search(self, options: list[list[ShardingOption]]) -> Placement:
@@ -173,7 +233,7 @@ class EmbeddingShardingPlanner:
         def evaluate(proposal: Proposal) -> Score | None:
             if proposal not in placements:
                 chosen = [opts[i] for opts, i in zip(options, proposal)]
-                placements[proposal] = partition(chosen, self._topology, "perf")
+                placements[proposal] = partition(chosen, self._storage_constraint, "perf")
             result = placements[proposal]
             return result.score if isinstance(result, Placement) else None
 
@@ -182,15 +242,38 @@ class EmbeddingShardingPlanner:
         scored = [(s, i, p) for i, p in enumerate(proposals) if (s := evaluate(p)) is not None]
         start = min(scored)[2] if scored else proposals[0]
         best, best_score = local_search(options, start, evaluate, self._max_evaluations)
-        memory_balanced = partition([opts[i] for opts, i in zip(options, lean)], self._topology, "memory")
+        lean_options = [opts[i] for opts, i in zip(options, lean)]
+        memory_balanced = partition(lean_options, self._storage_constraint, "memory")
+        self._num_proposals = len(placements) + 1  # and the memory-balanced placement
+        self._num_plans = sum(isinstance(p, Placement) for p in placements.values())
+        self._num_plans += isinstance(memory_balanced, Placement)
         candidates = [placements[best]] if best_score is not None else []
         if isinstance(memory_balanced, Placement):
             candidates.append(memory_balanced)
         if not candidates:
             assert isinstance(memory_balanced, PartitionFailure)
-            raise _no_fit_error(memory_balanced.option, memory_balanced.needed, memory_balanced.free)
-        logger.debug("planner evaluated %d placements", len(placements))
+            failure, total = memory_balanced, _total_storage(lean_options, world)
+            raise self._no_fit_error(failure.option, failure.needed, failure.free, total)
         return min(candidates, key=lambda p: p.score)
+
+    def _no_fit_error(self, option: ShardingOption, needed: int, free: list[int], total: int) -> PlannerError:
+        """Why ``option`` found no rank: INSUFFICIENT_STORAGE when the leanest choice (``total`` bytes)
+        exceeds the whole world's memory, else STRICT_CONSTRAINTS (TorchRec's classification)."""
+        table = option.table
+        weight_bytes = table.num_embeddings * table.embedding_dim * table.data_type.bits // 8
+        shortfall = ", ".join(
+            f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
+        )
+        insufficient = total > sum(free)
+        return PlannerError(
+            f"cannot place table {table.name!r} of module {option.path!r} ({table.num_embeddings} x "
+            f"{table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of weights): its "
+            f"smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer state and "
+            f"buffers; per rank: {shortfall}{_reserved(self._storage_reservation)}. Add ranks, raise "
+            "ddr_cap/hbm_cap, lower the batch size, or allow more sharding types in the table's "
+            "ParameterConstraints",
+            PlannerErrorType.INSUFFICIENT_STORAGE if insufficient else PlannerErrorType.STRICT_CONSTRAINTS,
+        )
 
 
 def _sharder_types(sharders: list | None, compute_device: str) -> list[ShardingType] | None:
@@ -222,19 +305,20 @@ def _default_topology() -> Topology:
     return Topology(world_size=world, compute_device=device, local_world_size=local)
 
 
-def _no_fit_error(option: ShardingOption, needed: int, free: list[int]) -> PlannerError:
-    table = option.table
-    weight_bytes = table.num_embeddings * table.embedding_dim * table.data_type.bits // 8
-    shortfall = ", ".join(
-        f"rank {rank}: {room:,} free, short {max(0, needed - room):,}" for rank, room in enumerate(free)
-    )
-    return PlannerError(
-        f"cannot place table {table.name!r} of module {option.path!r} "
-        f"({table.num_embeddings} x {table.embedding_dim} {table.data_type.value}, {weight_bytes:,} bytes of "
-        f"weights): its smallest shard ({option.sharding_type.value}) needs {needed:,} bytes with optimizer "
-        f"state and buffers; per rank: {shortfall}. Add ranks, raise ddr_cap/hbm_cap, lower the batch "
-        "size, or allow more sharding types in the table's ParameterConstraints"
-    )
+def _total_storage(options: list[ShardingOption], world_size: int) -> int:
+    """Bytes the options need over all ranks (a data-parallel table once per rank)."""
+    copies = [world_size if o.sharding_type == ShardingType.DATA_PARALLEL else 1 for o in options]
+    return sum(n * sum(s.storage for s in o.shards) for n, o in zip(copies, options))
+
+
+def _reserved(reservation: Any) -> str:
+    """What a storage reservation kept back, for an error message ('' for none)."""
+    if reservation is None:
+        return ""
+    name = type(reservation).__name__
+    if getattr(reservation, "_hbm_bytes", 0):
+        return f" (after {name} kept {reservation._hbm_bytes / 1024**3:g} GB per device)"
+    return f" (after {name} kept {getattr(reservation, '_percentage', 0):.0%} of every device's memory)"
 
 
 def _to_plan(
@@ -247,8 +331,9 @@ def _to_plan(
         else:
             ranks = [s.rank for s in option.shards]
         plan[option.path][option.name] = ParameterSharding(
-            option.sharding_type, option.compute_kernel, ranks, list(option.shards)
-        )
+            option.sharding_type, option.compute_kernel, ranks, list(option.shards), option.cache_params,
+            option.enforce_hbm, option.stochastic_rounding, option.bounds_check_mode,
+        )  # fmt: skip
     shapes = {
         path: {t.name: (t.num_embeddings, t.embedding_dim) for t in sorted(configs, key=lambda t: t.name)}
         for path, configs in sorted(tables.items())

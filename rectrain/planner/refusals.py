@@ -1,9 +1,10 @@
 """TorchRec planner names rectrain does not have, each refused by name with what to use instead.
 
-rectrain's planner searches proposals and placements inside ``EmbeddingShardingPlanner.plan`` (its
-proposers and partitioner are ``rectrain.planner.proposers`` and ``rectrain.planner.partition``) and reports
-the plan with ``ShardingPlan.report()``; TorchRec's swappable components and their tuning searches are not
-separate objects here. A module at a TorchRec path sets ``__getattr__ = refusing_getattr(__name__)``.
+rectrain's planner searches proposals and placements inside ``EmbeddingShardingPlanner.plan`` and reports
+the plan with ``ShardingPlan.report()``; TorchRec's proposers, partitioners and stats are
+``rectrain.planner.proposers``, ``.partitioners`` and ``.stats``. A module at a TorchRec path sets
+``__getattr__ = refusing_getattr(__name__)``; a refused class TorchRec code imports beside names rectrain has
+is ``refused_class(__name__, name)``, refused when constructed.
 """
 
 from __future__ import annotations
@@ -27,25 +28,16 @@ def _each(names: str, why: str) -> dict[str, str]:
 
 _WHY = {
     _P + "planners": {
-        "extract_plan": "loads a stored plan into the search space; load it with ShardingPlan.from_json",
-        "validate_compute_kernels": "checks kernels against sharders; the planner offers only those it runs",
-        "validate_modules_inclusion_in_sharding_plan": "checks a plan covers the model; DMP checks this",
         "EmbeddingPlannerBase": _COMPONENT,
         "to_sharding_plan": "turns placed options into a plan; the planner returns a ShardingPlan",
     },
-    _P + "proposers": _each(
-        "GreedyProposer UniformProposer GridSearchProposer DynamicProgrammingProposer "
-        "EmbeddingOffloadScaleupProposer proposers_to_proposals_list",
-        _COMPONENT,
-    ),
-    _P + "partitioners": _each(
-        "GreedyPerfPartitioner MemoryBalancedPartitioner OrderedDeviceHardware", _COMPONENT
-    ),
-    _P + "stats": _each("EmbeddingStats NoopEmbeddingStats", "formats TorchRec's report; use plan.report()"),
+    _P + "proposers": {
+        "EmbeddingOffloadScaleupProposer": "is the UVM-cache scale-up proposer; rectrain runs no UVM cache"
+    },
     _P + "estimator": {"EmbeddingPerfEstimatorFactory": "builds TorchRec's perf estimators; " + _COMPONENT},
     _P + "utils": _each("LuusJaakolaSearch BinarySearchPredicate", _SEARCH),
     _P + "types": _each(
-        "PlanLoader Stats PlanDebugStats CustomTopologyData BasicCommsBandwidths GeneralizedCommsBandwidth "
+        "PlanDebugStats CustomTopologyData BasicCommsBandwidths GeneralizedCommsBandwidth "
         "HardwareConfig TrainerConfig KernelConfig TopologyFactory hash_planner_context_inputs "
         "hash_planner_context_inputs_str CriticalPathEstimate",
         "describes TorchRec's planner context (hardware configs, plan loading, stats); rectrain's Topology "
@@ -56,6 +48,18 @@ _WHY = {
 
 class PlannerApiRefused(RecTrainError, NotImplementedError):
     """A TorchRec planner name rectrain does not have."""
+
+
+def refused_class(module: str, name: str) -> type:
+    """A class at ``module.name`` that imports (TorchRec code imports it beside names rectrain has) and
+    refuses by name when constructed."""
+    why = _WHY[module][name]
+
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        where = module.replace("rectrain", "torchrec", 1)
+        raise PlannerApiRefused(f"{where}.{name} {why}; rectrain does not have it: {_PLAN}")
+
+    return type(name, (), {"__init__": __init__, "__module__": module, "__doc__": f"Refused: {why}."})
 
 
 def refusing_getattr(module: str) -> Callable[[str], object]:

@@ -9,6 +9,7 @@ config in ``table``, a meta weight, and per-feature ``batch_sizes``). Its shards
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -45,6 +46,9 @@ class Perf:
             + self.input_dist_comms
         )
 
+    def __add__(self, other: Perf) -> Perf:
+        return Perf(*(getattr(self, f) + getattr(other, f) for f in _PERF_FIELDS))
+
     def __hash__(self) -> int:
         return hash(
             (
@@ -56,6 +60,23 @@ class Perf:
                 self.input_dist_comms,
             )
         )
+
+
+_PERF_FIELDS = (
+    "fwd_compute",
+    "fwd_comms",
+    "bwd_compute",
+    "bwd_comms",
+    "prefetch_compute",
+    "input_dist_comms",
+)
+
+
+# What an option carries from its table's ParameterConstraints (into the plan's ParameterSharding).
+_FROM_CONSTRAINTS = (
+    "cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "feature_names",
+    "output_dtype", "key_value_params",
+)  # fmt: skip
 
 
 class PartitionByType(Enum):
@@ -151,17 +172,23 @@ class ShardingOption:
         compute_kernel: str,
         shards: list[Shard],
         features: list[tuple[int, float]],
+        constraint: Any = None,
     ) -> ShardingOption:
         """An option of the table ``table`` of the module at ``module_path`` (``features``: ``(batch size,
-        pooling factor)`` per feature), as rectrain's planner enumerates them from table configs."""
+        pooling factor)`` per feature), as rectrain's planner enumerates them from table configs; the
+        table's ``ParameterConstraints`` give the kernel options it carries (TorchRec's fields)."""
         dtype = {32: torch.float32, 16: torch.float16}.get(table.data_type.bits, torch.uint8)
         weight = torch.empty(table.num_embeddings, table.embedding_dim, device="meta", dtype=dtype)
         batch_sizes, input_lengths = [b for b, _ in features], [p for _, p in features]
-        return cls(
+        option = cls(
             table.name, weight, (module_path, None), input_lengths, batch_sizes[0], sharding_type,
             get_partition_by_type(sharding_type), compute_kernel, shards,
             is_pooled=isinstance(table, EmbeddingBagConfig), table=table, batch_sizes=batch_sizes,
+            **{name: getattr(constraint, name) for name in _FROM_CONSTRAINTS if constraint is not None},
         )  # fmt: skip
+        if constraint is not None:
+            option.is_weighted = constraint.is_weighted
+        return option
 
     @property
     def features(self) -> list[tuple[int, float]]:
@@ -235,6 +262,13 @@ class ShardingOption:
         result = copy.copy(self)
         result.shards = shards
         return result
+
+    def storage_hash(self) -> int:
+        """A hash of what the option is before planning (table, type, kernel, cache load factor, shard
+        count), stable across processes: the key of a stored plan's options (TorchRec's)."""
+        key = f"{self.fqn}|{self.sharding_type}|{self.compute_kernel}|{self.cache_load_factor}"
+        key += f"|{self.num_shards}"
+        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "big")
 
     def get_shards_assignment(self) -> list[int | None]:
         return [shard.rank for shard in self.shards]

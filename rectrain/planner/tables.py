@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from rectrain.embedding.config import BaseEmbeddingConfig
@@ -60,4 +62,23 @@ def _scan(module: nn.Module) -> dict[str, list[BaseEmbeddingConfig]]:
             if callable(getattr(sub, method, None)):
                 found[path] = list(getattr(sub, method)())
                 break
+    return found
+
+
+def sharded_tables(module: nn.Module, sharders: list[Any]) -> dict[str, list[BaseEmbeddingConfig]]:
+    """``{module_path: [table configs]}`` of what ``sharders`` shard in ``module`` (TorchRec's rule): modules
+    whose type a sharder takes (their children are not visited), and of those only the tables in the
+    sharder's ``shardable_parameters``."""
+    by_type = {s.module_type: s for s in sharders}
+    found, queue = {}, [("", module)]
+    while queue:
+        path, child = queue.pop(0)
+        sharder = by_type.get(type(child))
+        if sharder is None:
+            queue += [(f"{path}.{name}" if path else name, sub) for name, sub in child.named_children()]
+            continue
+        names = set(sharder.shardable_parameters(child))
+        configs = [c for c in _scan(child).get("", []) if c.name in names]
+        if configs:
+            found[path] = configs
     return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -50,10 +51,12 @@ class Storage:
 
 @dataclass
 class DeviceHardware:
-    """One rank of the topology and the memory it may use."""
+    """One rank of the topology, the memory it may use, and the load placed on it (a partitioner's
+    ``Perf``; None: nothing placed)."""
 
     rank: int
     storage: Storage
+    perf: Any = None
 
 
 def host_memory_bytes() -> int:

@@ -173,6 +173,11 @@ class ParameterSharding:
     compute_kernel: EmbeddingComputeKernel
     ranks: list[int] | None = None
     sharding_spec: list[Shard] | None = None
+    # The table's FBGEMM kernel options from its ParameterConstraints (TorchRec's fields; not in the JSON).
+    cache_params: Any = None
+    enforce_hbm: bool | None = None
+    stochastic_rounding: bool | None = None
+    bounds_check_mode: Any = None
 
     def __post_init__(self) -> None:
         try:

@@ -1,6 +1,6 @@
 """``torchrec.distributed.planner.estimator`` at rectrain's path: its names are refused by name
 (``rectrain.planner.refusals``)."""
 
-from rectrain.planner.refusals import refusing_getattr
+from rectrain.planner.refusals import refused_class
 
-__getattr__ = refusing_getattr(__name__)
+EmbeddingPerfEstimatorFactory = refused_class(__name__, "EmbeddingPerfEstimatorFactory")

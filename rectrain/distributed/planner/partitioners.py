@@ -1,6 +1,17 @@
-"""``torchrec.distributed.planner.partitioners`` at rectrain's path: its names are refused by name
-(``rectrain.planner.refusals``)."""
+"""``torchrec.distributed.planner.partitioners`` at rectrain's path (``rectrain.planner.partitioners``)."""
 
-from rectrain.planner.refusals import refusing_getattr
+from rectrain.planner.partitioners import (
+    GreedyPerfPartitioner,
+    MemoryBalancedPartitioner,
+    OrderedDeviceHardware,
+    ShardingOptionGroup,
+    SortBy,
+)
 
-__getattr__ = refusing_getattr(__name__)
+__all__ = [
+    "GreedyPerfPartitioner",
+    "MemoryBalancedPartitioner",
+    "OrderedDeviceHardware",
+    "ShardingOptionGroup",
+    "SortBy",
+]

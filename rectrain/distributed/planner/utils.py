@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder
+from rectrain.planner.partitioners import reset_shard_rank  # noqa: F401 (TorchRec's path)
 from rectrain.planner.refusals import refusing_getattr
 
 
