@@ -15,7 +15,9 @@ from rectrain.distributed.interfaces.awaitable import Awaitable, LazyAwaitable, 
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.embedding.config import DataType
+from rectrain.planner.constraints import KeyValueParams
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.sharder_data import StorageUsageType
 from rectrain.planner.types import ParameterSharding, ShardingType
 
 
@@ -47,7 +49,18 @@ class CacheParams:
         return hash((*fields, self.prefetch_pipeline, self.multipass_prefetch_config))
 
 
+class CommOp(Enum):
+    """TorchRec's quantized-collective names (keys of a ``qcomm_codecs_registry``, which rectrain refuses)."""
+
+    POOLED_EMBEDDINGS_ALL_TO_ALL = "pooled_embeddings_all_to_all"
+    POOLED_EMBEDDINGS_REDUCE_SCATTER = "pooled_embeddings_reduce_scatter"
+    SEQUENCE_EMBEDDINGS_ALL_TO_ALL = "sequence_embeddings_all_to_all"
+
+
 __all__ = [
+    "CommOp",
+    "KeyValueParams",
+    "StorageUsageType",
     "Awaitable",
     "BoundsCheckMode",
     "CacheAlgorithm",

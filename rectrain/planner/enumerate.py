@@ -67,7 +67,9 @@ class EmbeddingEnumerator:
         result = []
         for module_path in sorted(tables):
             for table in sorted(tables[module_path], key=lambda t: t.name):
-                constraint = _narrowed(constraints.get(table.name, ParameterConstraints()), offered)
+                constraint = _narrowed(
+                    constraints.get(table.name, ParameterConstraints()).validate(), offered
+                )
                 options = self._table_options(module_path, table, constraint)
                 if not options:
                     raise ConfigError(

@@ -109,8 +109,12 @@ def test_no_legal_option_is_a_clear_error():
     ],
 )
 def test_constraint_validation(kwargs, message):
+    constraint = ParameterConstraints(**kwargs)  # permissive inside, as TorchRec's; checked where planned
     with pytest.raises(ConfigError, match=message):
-        ParameterConstraints(**kwargs)
+        constraint.validate()
+    table = EmbeddingBagConfig(1000, 64, name="t", feature_names=["f"])
+    with pytest.raises(ConfigError, match=message):
+        EmbeddingEnumerator(Topology(world_size=2, ddr_cap=1 << 30), 16).enumerate({"m": [table]}, {"t": constraint})
 
 
 def test_per_feature_values_broadcast_or_must_match():

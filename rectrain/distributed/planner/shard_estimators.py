@@ -38,6 +38,7 @@ from rectrain.distributed.planner.utils import SharderData, prod
 from rectrain.distributed.types import PipelineType
 from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.sharder_data import StorageUsageType
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Storage, Topology
 from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
@@ -188,7 +189,9 @@ def calculate_shard_storages(
         input_data_type_size, output_data_type_size, num_poolings, is_pooled,
     )  # fmt: skip
     table_bytes = tensor.numel() * tensor.element_size()
-    in_ddr = (sharder_data.storage_usage_type == "base" and kernel in _UVM) or compute_device == "cpu"
+    in_ddr = (
+        sharder_data.storage_usage_type == StorageUsageType.BASE and kernel in _UVM
+    ) or compute_device == "cpu"
     hbm, ddr = (0, table_bytes) if in_ddr else (table_bytes, 0)
     cached = kernel in _CACHED
     if cached:
