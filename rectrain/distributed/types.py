@@ -17,17 +17,9 @@ from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as Modul
 from rectrain.embedding.config import DataType
 from rectrain.planner.constraints import KeyValueParams
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.shard_estimators import PipelineType
 from rectrain.planner.sharder_data import StorageUsageType
 from rectrain.planner.types import ParameterSharding, ShardingType
-
-
-class PipelineType(Enum):
-    """TorchRec's training pipelines, as its planner's storage estimate distinguishes them."""
-
-    NONE = "none"
-    TRAIN_BASE = "train_base"
-    TRAIN_SPARSE_DIST = "train_sparse_dist"
-    TRAIN_PREFETCH_SPARSE_DIST = "train_prefetch_sparse_dist"
 
 
 @dataclass

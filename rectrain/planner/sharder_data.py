@@ -40,9 +40,6 @@ def sharder_name(t: type) -> str:
 
 
 def build_sharder_data(sharder: Any) -> SharderData:
-    # Imported here: the sharders import the planner's types.
-    from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder, BaseQuantEmbeddingSharder
-
     fused = getattr(sharder, "fused_params", None)
     registry = getattr(sharder, "qcomm_codecs_registry", None) or {}
     sizes = {
@@ -53,12 +50,10 @@ def build_sharder_data(sharder: Any) -> SharderData:
         for op in QCOMM_OPS
         if op in registry
     }
-    if isinstance(sharder, BaseQuantEmbeddingSharder):
-        usage = StorageUsageType.BASE_QUANT
-    elif isinstance(sharder, BaseEmbeddingSharder):
-        usage = StorageUsageType.BASE
-    else:
-        usage = StorageUsageType.DEFAULT
+    # The kind is read from the class names (StorageUsageType's values), not by importing the sharders: they
+    # import the DMP machinery, which plans with this module.
+    bases = {c.__name__ for c in sharder.__class__.__mro__}
+    usage = next((u for u in StorageUsageType if u.value in bases), StorageUsageType.DEFAULT)
     return SharderData(dict(fused) if fused else {}, sizes, usage)
 
 

@@ -6,7 +6,8 @@ the figures TorchRec's estimators are documented to use.
 
 from rectrain.planner.constraints import POOLING_FACTOR
 from rectrain.planner.context_hash import HUNDRED_GB
-from rectrain.planner.enumerate import MIN_CW_DIM
+from rectrain.planner.shard_estimators import BIGINT_DTYPE, KV_CACHING_RATIO, NUM_POOLINGS, UVM_CACHING_RATIO
+from rectrain.planner.shard_shapes import MIN_CW_DIM
 from rectrain.planner.topology import (
     BWD_COMPUTE_MULTIPLIER,
     DDR_CAP,
@@ -16,10 +17,6 @@ from rectrain.planner.topology import (
 )
 from rectrain.planner.types import EmbeddingComputeKernel as _K
 
-BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
-NUM_POOLINGS: float = 1.0  # poolings per example per feature when the constraints give none
-UVM_CACHING_RATIO: float = 0.2  # share of a UVM-cached table's rows its HBM cache holds by default
-KV_CACHING_RATIO: float = 0.2  # the same for key-value (virtual) tables
 BATCH_SIZE: int = 512  # per-rank batch size when the caller gives none
 MAX_SIZE: int = (1 << 63) - 1
 # TorchRec's bandwidths, bytes/ms of GiB figures: its estimators' inputs. rectrain's Topology defaults are the
