@@ -65,12 +65,9 @@ TESTS = [
     "torchrec/metrics/tests/test_throughput.py",
     "torchrec/metrics/tests/test_recmetric.py",
     "torchrec/metrics/tests/test_metrics_namespace.py",
-    # Issue 44: TorchRec's planner test files that pass under TorchRec 1.8.0 on CPU. rectrain passes
-    # test_perf_models, test_constants and test_storage_reservations; the others stop at a name refused by
-    # name (rectrain.planner.refusals: TorchRec's swappable proposers, partitioners, stats, perf-estimator
-    # factory, hardware configs) or, for test_embedding*_utils and distributed/tests/test_utils, at
-    # distributed.types.CacheParams. (test_shard_estimators imports torchrec.distributed.tests, which
-    # TorchRec's package does not ship: it fails under TorchRec too.)
+    # Issue 44: TorchRec's planner test files that pass under TorchRec 1.8.0 on CPU (docs/torchrec.md has
+    # the counts and what fails). (test_shard_estimators imports torchrec.distributed.tests, which TorchRec's
+    # package does not ship: it fails under TorchRec too.)
     "torchrec/distributed/planner/tests/test_perf_models.py",
     "torchrec/distributed/planner/tests/test_constants.py",
     "torchrec/distributed/planner/tests/test_storage_reservations.py",

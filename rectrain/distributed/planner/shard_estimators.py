@@ -4,8 +4,10 @@ planner's own (``rectrain.planner.shard_estimators``)."""
 from rectrain.planner.shard_estimators import (
     EmbeddingStorageEstimator,
     PipelineType,
+    _calculate_dp_shard_io_sizes,
     _calculate_shard_io_sizes,
     _calculate_storage_specific_sizes,
+    _calculate_tw_shard_io_sizes,
     _get_optimizer_multipler,
     calculate_pipeline_io_cost,
     calculate_shard_storages,
@@ -15,8 +17,10 @@ from rectrain.planner.shard_estimators import (
 __all__ = [
     "EmbeddingStorageEstimator",
     "PipelineType",
+    "_calculate_dp_shard_io_sizes",
     "_calculate_shard_io_sizes",
     "_calculate_storage_specific_sizes",
+    "_calculate_tw_shard_io_sizes",
     "_get_optimizer_multipler",
     "calculate_pipeline_io_cost",
     "calculate_shard_storages",
