@@ -72,11 +72,9 @@ TESTS = [
     "torchrec/metrics/tests/test_throughput.py",
     "torchrec/metrics/tests/test_recmetric.py",
     "torchrec/metrics/tests/test_metrics_namespace.py",
-    # Issue 44: TorchRec's planner test files that pass under TorchRec 1.8.0 on CPU. What rectrain lacks
-    # (the UVM-cache scale-up proposer, TorchRec's perf-estimator factory, hardware configs, planner-context
-    # hashes) is refused by name (rectrain.planner.refusals); docs/torchrec.md lists per file what fails.
-    # (test_shard_estimators imports torchrec.distributed.tests, which TorchRec's package does not ship: it
-    # fails under TorchRec too.)
+    # Issue 44: TorchRec's planner test files that pass under TorchRec 1.8.0 on CPU (docs/torchrec.md has
+    # the counts and what fails). (test_shard_estimators imports torchrec.distributed.tests, which TorchRec's
+    # package does not ship: it fails under TorchRec too.)
     "torchrec/distributed/planner/tests/test_perf_models.py",
     "torchrec/distributed/planner/tests/test_constants.py",
     "torchrec/distributed/planner/tests/test_storage_reservations.py",

@@ -95,10 +95,6 @@ _FIXTURE = "test fixtures TorchRec's tests and users' tests import: models and i
 ALLOWED = {
     "rectrain.distributed.embedding": "TorchRec's tests patch construct_jagged_tensors at this path, which "
     "EmbeddingCollectionAwaitable must look up here",
-    "rectrain.distributed.planner.enumerators": "TorchRec's EmbeddingEnumerator API (ShardingOptions per "
-    "sharder) over rectrain.planner's enumeration",
-    "rectrain.distributed.planner.shard_estimators": "TorchRec's per-shard storage and perf estimates in "
-    "TorchRec's units, over rectrain.planner's",
     "rectrain.distributed.test_utils.test_model": _FIXTURE,
     "rectrain.distributed.test_utils.multi_process": _FIXTURE,
     "rectrain.schema.utils": "TorchRec's signature-compatibility rule, which has no engine counterpart",

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from torch import nn
 
+from rectrain.distributed.parallel.sharders import BaseQuantEmbeddingSharder
 from rectrain.inference.refusals import refused
 from rectrain.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-class QuantEmbeddingBagCollectionSharder:
+class QuantEmbeddingBagCollectionSharder(BaseQuantEmbeddingSharder):
     """TorchRec's sharder of quantized collections for GPU inference (refused when used to shard)."""
 
     module_type: type[nn.Module] = QuantEmbeddingBagCollection

@@ -1,8 +1,8 @@
-"""``torchrec.distributed.sharding_plan`` at rectrain's path (the engine: ``parallel/plans.py``)."""
+"""``torchrec.distributed.sharding_plan`` at rectrain's path (the engine: ``parallel/plans.py``, and
+``planner.shard_shapes`` for the shard blocks)."""
 
 from rectrain.distributed.parallel.plans import (
     ParameterShardingGenerator,
-    calculate_shard_sizes_and_offsets,
     column_wise,
     construct_module_sharding_plan,
     data_parallel,
@@ -11,6 +11,7 @@ from rectrain.distributed.parallel.plans import (
     table_wise,
 )
 from rectrain.distributed.parallel.sharders import get_default_sharders
+from rectrain.planner.shard_shapes import calculate_shard_sizes_and_offsets
 
 __all__ = [
     "ParameterShardingGenerator",

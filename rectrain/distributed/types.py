@@ -26,16 +26,9 @@ from rectrain.embedding.config import DataType
 from rectrain.planner.constraints import KeyValueParams
 from rectrain.planner.plan import ModulePlan as EmbeddingModuleShardingPlan
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.shard_estimators import PipelineType
+from rectrain.planner.sharder_data import StorageUsageType
 from rectrain.planner.types import ParameterSharding, ShardingType
-
-
-class PipelineType(Enum):
-    """TorchRec's training pipelines, as its planner's storage estimate distinguishes them."""
-
-    NONE = "none"
-    TRAIN_BASE = "train_base"
-    TRAIN_SPARSE_DIST = "train_sparse_dist"
-    TRAIN_PREFETCH_SPARSE_DIST = "train_prefetch_sparse_dist"
 
 
 class CacheStatistics(abc.ABC):
@@ -73,7 +66,18 @@ class CacheParams:
         return hash((*fields, self.prefetch_pipeline, self.multipass_prefetch_config))
 
 
+class CommOp(Enum):
+    """TorchRec's quantized-collective names (keys of a ``qcomm_codecs_registry``, which rectrain refuses)."""
+
+    POOLED_EMBEDDINGS_ALL_TO_ALL = "pooled_embeddings_all_to_all"
+    POOLED_EMBEDDINGS_REDUCE_SCATTER = "pooled_embeddings_reduce_scatter"
+    SEQUENCE_EMBEDDINGS_ALL_TO_ALL = "sequence_embeddings_all_to_all"
+
+
 __all__ = [
+    "CommOp",
+    "KeyValueParams",
+    "StorageUsageType",
     "Awaitable",
     "BoundsCheckMode",
     "CacheAlgorithm",

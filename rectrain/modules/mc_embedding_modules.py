@@ -1,5 +1,6 @@
 """``torchrec.modules.mc_embedding_modules`` at rectrain's path (in ``rectrain.zch.embedding``)."""
 
+from rectrain.zch.collection import ManagedCollisionCollection  # TorchRec's module imports it too
 from rectrain.zch.embedding import (
     BaseManagedCollisionEmbeddingCollection,
     ManagedCollisionEmbeddingBagCollection,
@@ -11,6 +12,7 @@ from rectrain.zch.embedding import (
 
 __all__ = [
     "BaseManagedCollisionEmbeddingCollection",
+    "ManagedCollisionCollection",
     "ManagedCollisionEmbeddingBagCollection",
     "ManagedCollisionEmbeddingCollection",
     "evict",

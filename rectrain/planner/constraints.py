@@ -7,9 +7,40 @@ from typing import Any
 
 from rectrain.embedding.config import BaseEmbeddingConfig
 from rectrain.errors import ConfigError
+from rectrain.planner.context_hash import hash_sha256_to_int
 from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
 
 POOLING_FACTOR = 1.0  # expected ids per example per feature when the user gives none (TorchRec's default)
+
+
+@dataclass
+class KeyValueParams:
+    """TorchRec's options of SSD / parameter-server key-value tables: carried by constraints and options;
+    rectrain runs no key-value kernel (a plan that uses one is refused)."""
+
+    ssd_storage_directory: str | None = None
+    ssd_rocksdb_write_buffer_size: int | None = None
+    ssd_rocksdb_shards: int | None = None
+    gather_ssd_cache_stats: bool | None = None
+    stats_reporter_config: Any = None
+    use_passed_in_path: bool = True
+    l2_cache_size: int | None = None  # GiB
+    max_l1_cache_size: int | None = None  # MiB
+    enable_async_update: bool | None = None
+    bulk_init_chunk_size: int | None = None
+    lazy_bulk_init_enabled: bool | None = None
+    enable_raw_embedding_streaming: bool | None = None
+    res_store_shards: int | None = None
+    kvzch_tbe_config: Any = None
+    load_ckpt_without_opt: bool = False
+    ps_hosts: tuple | None = None
+    ps_client_thread_num: int | None = None
+    ps_max_key_per_request: int | None = None
+    ps_max_local_index_length: int | None = None
+
+    def __hash__(self) -> int:
+        # str(): some fields (stats_reporter_config, kvzch_tbe_config) may hold unhashable objects
+        return hash(tuple(str(v) for v in vars(self).values()))
 
 
 @dataclass
@@ -31,6 +62,9 @@ class ParameterConstraints:
     ``feature_names``, ``output_dtype`` and the FBGEMM kernel options ``cache_params``,
     ``stochastic_rounding``, ``bounds_check_mode``, ``key_value_params`` (carried on the enumerated
     options; rectrain's kernels take none of them).
+
+    Construction checks nothing (TorchRec code builds placeholders); :meth:`validate`, which the planner
+    calls on the constraints it plans with, checks and normalises them.
     """
 
     sharding_types: list[str] | None = None
@@ -52,7 +86,17 @@ class ParameterConstraints:
     key_value_params: Any = None
     use_virtual_table: bool = False
 
-    def __post_init__(self) -> None:
+    def __hash__(self) -> int:
+        """Stable across processes (TorchRec's), for a planner context's hash."""
+        lists = [self.sharding_types, self.compute_kernels, self.pooling_factors, self.num_poolings]
+        lists += [self.batch_sizes, self.feature_names]
+        fields = [self.min_partition, self.is_weighted, self.cache_params, self.enforce_hbm]
+        fields += [self.stochastic_rounding, self.bounds_check_mode, self.output_dtype, self.device_group]
+        fields += [self.key_value_params, self.use_virtual_table, self.column_wise_shard_dim, self.cacheable]
+        return hash_sha256_to_int([tuple(v) if v else None for v in lists] + fields)
+
+    def validate(self) -> ParameterConstraints:
+        """Checks the constraints (a clear error naming the field) and parses names to enums; returns self."""
         if self.sharding_types is not None:
             self.sharding_types = [_parse(ShardingType, s, "sharding_types") for s in self.sharding_types]
             if not self.sharding_types:
@@ -87,6 +131,7 @@ class ParameterConstraints:
         dim = self.column_wise_shard_dim
         if dim is not None and (not isinstance(dim, int) or dim <= 0 or dim % 4 != 0):
             raise ConfigError(f"column_wise_shard_dim must be a positive multiple of 4, got {dim!r}")
+        return self
 
     def per_feature(self, table: BaseEmbeddingConfig, default_batch_size: int) -> list[tuple[int, float]]:
         """``(batch_size, pooling_factor)`` of every feature of ``table``, broadcasting single values."""
@@ -113,28 +158,3 @@ def _broadcast(values: list, n: int, argument: str, table: str) -> list:
             "(give one value per feature, or a single value for all)"
         )
     return list(values)
-
-
-@dataclass
-class KeyValueParams:
-    """TorchRec's SSD key-value table settings (``ParameterConstraints(key_value_params=...)``): a record
-    the planner carries; the key-value kernels that read it are refused (rectrain does not run them)."""
-
-    ssd_storage_directory: str | None = None
-    ssd_rocksdb_write_buffer_size: int | None = None
-    ssd_rocksdb_shards: int | None = None
-    gather_ssd_cache_stats: bool | None = None
-    stats_reporter_config: Any = None
-    use_passed_in_path: bool = True
-    l2_cache_size: int | None = None
-    max_l1_cache_size: int | None = None
-    enable_async_update: bool | None = None
-    bulk_init_chunk_size: int | None = None
-    lazy_bulk_init_enabled: bool | None = None
-    enable_raw_embedding_streaming: bool | None = None
-    res_store_shards: int | None = None
-    kvzch_tbe_config: Any = None
-    load_ckpt_without_opt: bool = False
-
-    def __hash__(self) -> int:
-        return hash(tuple(str(v) for v in vars(self).values()))

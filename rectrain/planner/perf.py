@@ -61,6 +61,6 @@ def _shard_seconds(
 def _output_dist_seconds(option: ShardingOption, output_bytes: float, topology: Topology) -> float:
     if option.sharding_type != ShardingType.TABLE_ROW_WISE:
         return output_bytes / topology.comm_bw
-    intra = output_bytes / topology.intra_host_bw
-    inter = output_bytes / topology.local_world_size / topology.inter_host_bw
+    intra = output_bytes / (1000 * topology.intra_host_bw)  # the topology's bandwidths are bytes/ms
+    inter = output_bytes / topology.local_world_size / (1000 * topology.inter_host_bw)
     return intra + inter

@@ -159,7 +159,7 @@ class EmbeddingShardingPlanner:
         offered = _sharder_types(sharders, self._topology.compute_device)
         options = [
             [self._estimate(o) for o in opts]
-            for opts in self._enumerator.enumerate(tables, self._constraints, offered)
+            for opts in self._enumerator.enumerate_tables(tables, self._constraints, offered)
         ]
         options = [self._drop_oversized(opts) for opts in options]
         placement = self._search(options)

@@ -17,7 +17,6 @@ _PLAN = (
     "plan with rectrain.planner.EmbeddingShardingPlanner(topology, batch_size, constraints=...)"
     ".plan(module, sharders), which proposes and partitions itself, and read plan.report()"
 )
-_SEARCH = "drives the UVM-cache scale-up proposer; rectrain runs no UVM caching kernel"
 _COMPONENT = "is a swappable TorchRec planner component"
 _P = "rectrain.distributed.planner."
 
@@ -35,13 +34,9 @@ _WHY = {
         "EmbeddingOffloadScaleupProposer": "is the UVM-cache scale-up proposer; rectrain runs no UVM cache"
     },
     _P + "estimator": {"EmbeddingPerfEstimatorFactory": "builds TorchRec's perf estimators; " + _COMPONENT},
-    _P + "utils": _each("LuusJaakolaSearch BinarySearchPredicate", _SEARCH),
     _P + "types": _each(
-        "PlanDebugStats CustomTopologyData BasicCommsBandwidths GeneralizedCommsBandwidth "
-        "HardwareConfig TrainerConfig KernelConfig TopologyFactory hash_planner_context_inputs "
-        "hash_planner_context_inputs_str CriticalPathEstimate",
-        "describes TorchRec's planner context (hardware configs, plan loading, stats); rectrain's Topology "
-        "takes capacities and bandwidths as arguments",
+        "PlanDebugStats CriticalPathEstimate",
+        "describes TorchRec's plan debugging stats; rectrain's plan report is ShardingPlan.report()",
     ),
 }
 

@@ -6,7 +6,7 @@ Used on plans loaded from JSON or edited by hand, so every message names the tab
 from __future__ import annotations
 
 from rectrain.errors import ConfigError
-from rectrain.planner.enumerate import row_blocks
+from rectrain.planner.shard_shapes import row_blocks
 from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 
 

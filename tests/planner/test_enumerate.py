@@ -9,7 +9,7 @@ from rectrain.planner.enumerate import EmbeddingEnumerator, column_blocks, row_b
 def _options(table, world=4, local=None, constraint=None):
     topo = Topology(world_size=world, local_world_size=local, ddr_cap=10**12)
     constraints = {table.name: constraint} if constraint else {}
-    (options,) = EmbeddingEnumerator(topo, batch_size=32).enumerate({"m": [table]}, constraints)
+    (options,) = EmbeddingEnumerator(topo, batch_size=32).enumerate_tables({"m": [table]}, constraints)
     return options
 
 
@@ -109,8 +109,14 @@ def test_no_legal_option_is_a_clear_error():
     ],
 )
 def test_constraint_validation(kwargs, message):
+    constraint = ParameterConstraints(**kwargs)  # permissive inside, as TorchRec's; checked where planned
     with pytest.raises(ConfigError, match=message):
-        ParameterConstraints(**kwargs)
+        constraint.validate()
+    table = EmbeddingBagConfig(1000, 64, name="t", feature_names=["f"])
+    with pytest.raises(ConfigError, match=message):
+        EmbeddingEnumerator(Topology(world_size=2, ddr_cap=1 << 30), 16).enumerate_tables(
+            {"m": [table]}, {"t": constraint}
+        )
 
 
 def test_per_feature_values_broadcast_or_must_match():

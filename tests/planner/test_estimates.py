@@ -19,7 +19,7 @@ def _option(table, sharding_type, kernel=EmbeddingComputeKernel.FUSED, pooling=1
         pooling_factors=[pooling],
         column_wise_shard_dim=32,
     )
-    (options,) = EmbeddingEnumerator(world, batch).enumerate({"m": [table]}, {table.name: constraint})
+    (options,) = EmbeddingEnumerator(world, batch).enumerate_tables({"m": [table]}, {table.name: constraint})
     return options[0]
 
 

@@ -11,14 +11,14 @@ def test_geometry_defaults_to_one_host():
     assert topo.num_hosts == 1
     assert [d.rank for d in topo.devices] == [0, 1, 2, 3]
     assert all(d.storage.ddr == 1000 for d in topo.devices)
-    assert topo.comm_bw == topo.intra_host_bw
+    assert topo.comm_bw == 1000 * topo.intra_host_bw  # bytes/s of bytes/ms
 
 
 def test_multi_host_uses_inter_host_bandwidth():
     topo = Topology(world_size=8, local_world_size=4, ddr_cap=1000)
     assert topo.num_hosts == 2
     assert topo.host_of(5) == 1
-    assert topo.comm_bw == topo.inter_host_bw
+    assert topo.comm_bw == 1000 * topo.inter_host_bw
 
 
 def test_cpu_ddr_cap_is_host_memory_split_over_local_ranks():
@@ -31,7 +31,7 @@ def test_cpu_ddr_cap_is_host_memory_split_over_local_ranks():
 def test_cuda_cap_is_hbm():
     topo = Topology(world_size=2, compute_device="cuda", hbm_cap=5000, ddr_cap=10)
     assert topo.capacity(1) == 5000
-    assert topo.mem_bw == topo.hbm_mem_bw
+    assert topo.mem_bw == 1000 * topo.hbm_mem_bw
 
 
 def test_cuda_cap_detected_or_default():

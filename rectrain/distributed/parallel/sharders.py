@@ -22,6 +22,10 @@ from rectrain.planner.types import PLANNED_SHARDING_TYPES, EmbeddingComputeKerne
 M = TypeVar("M", bound=nn.Module)
 
 
+class BaseQuantEmbeddingSharder(Generic[M]):
+    """TorchRec's base of quantized-inference sharders (rectrain's refuse to shard)."""
+
+
 class BaseEmbeddingSharder(Generic[M]):
     """Offers every sharding type rectrain plans (TorchRec's CPU sharders offer data-parallel, table-wise and
     column-wise only) and, per type, the kernel rectrain runs it with. Generic in the module type, as

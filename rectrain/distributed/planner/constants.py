@@ -5,19 +5,22 @@ the figures TorchRec's estimators are documented to use.
 """
 
 from rectrain.planner.constraints import POOLING_FACTOR
-from rectrain.planner.enumerate import MIN_CW_DIM
-from rectrain.planner.topology import BWD_COMPUTE_MULTIPLIER, DDR_CAP, HBM_CAP
+from rectrain.planner.context_hash import HUNDRED_GB
+from rectrain.planner.shard_estimators import BIGINT_DTYPE, KV_CACHING_RATIO, NUM_POOLINGS, UVM_CACHING_RATIO
+from rectrain.planner.shard_shapes import MIN_CW_DIM
+from rectrain.planner.topology import (
+    BWD_COMPUTE_MULTIPLIER,
+    DDR_CAP,
+    HBM_CAP,
+    SSD_CAP,
+    WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
+)
 from rectrain.planner.types import EmbeddingComputeKernel as _K
 
-BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
-NUM_POOLINGS: float = 1.0  # poolings per example per feature when the constraints give none
-UVM_CACHING_RATIO: float = 0.2  # share of a UVM-cached table's rows its HBM cache holds by default
-KV_CACHING_RATIO: float = 0.2  # the same for key-value (virtual) tables
 BATCH_SIZE: int = 512  # per-rank batch size when the caller gives none
-SSD_CAP: int = 2 * 1024**4
 MAX_SIZE: int = (1 << 63) - 1
-# TorchRec's bandwidths in its units, bytes per millisecond of GiB-based figures (rectrain's topology keeps
-# bytes per second: rectrain.planner.topology.HBM_MEM_BW and DDR_MEM_BW).
+# TorchRec's bandwidths, bytes/ms of GiB figures: its estimators' inputs. rectrain's Topology defaults are the
+# same figures in decimal GB (``rectrain.planner.topology``), with which its recorded plans were made.
 DDR_MEM_BW: float = 51 * 1024**3 / 1000
 HBM_MEM_BW: float = 897 * 1024**3 / 1000
 SSD_MEM_BW: float = 100 * 1024**2 / 1000
@@ -73,6 +76,7 @@ __all__ = [
     "DDR_CAP",
     "HBM_CAP",
     "HBM_MEM_BW",
+    "HUNDRED_GB",
     "HBM_TO_DDR_MEM_BW",
     "INTRA_NODE_BANDWIDTH",
     "KV_CACHING_RATIO",
@@ -83,5 +87,6 @@ __all__ = [
     "SSD_CAP",
     "SSD_MEM_BW",
     "UVM_CACHING_RATIO",
+    "WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER",
     "kernel_bw_lookup",
 ]

@@ -1,62 +1,70 @@
-"""``torchrec.distributed.planner.utils`` at rectrain's path: small helpers of TorchRec's planner API."""
+"""``torchrec.distributed.planner.utils`` at rectrain's path: the planner's searches
+(``rectrain.planner.search``), sharder snapshots (``rectrain.planner.sharder_data``) and TorchRec's small
+helpers over sharding options."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
-from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder
 from rectrain.planner.partitioners import reset_shard_rank  # noqa: F401 (TorchRec's path)
 from rectrain.planner.refusals import refusing_getattr
+from rectrain.planner.search import BinarySearchPredicate, LuusJaakolaSearch
+from rectrain.planner.sharder_data import (
+    SharderData,
+    build_sharder_data,
+    build_sharder_data_map,
+    sharder_name,
+)
+from rectrain.planner.sharding_option import ShardingOption
+
+__all__ = [
+    "BinarySearchPredicate",
+    "LuusJaakolaSearch",
+    "SharderData",
+    "build_sharder_data",
+    "build_sharder_data_map",
+    "sharder_name",
+]
 
 
 def prod(iterable: Iterable[int]) -> int:
-    """The product of the numbers (1 for none): a shape's element count."""
     return math.prod(iterable)
 
 
-def sharder_name(t: type) -> str:
-    """``module.qualname`` of a module type: how TorchRec's planner keys sharders and options."""
-    return f"{t.__module__}.{t.__name__}"
-
-
 def bytes_to_gb(num_bytes: int) -> float:
-    return float(num_bytes / (1024 * 1024 * 1024))
+    return float(num_bytes / 1024**3)
 
 
 def bytes_to_mb(num_bytes: float) -> float:
-    return float(num_bytes / (1024 * 1024))
+    return float(num_bytes / 1024**2)
 
 
 def gb_to_bytes(gb: float) -> int:
-    return int(gb * 1024 * 1024 * 1024)
+    return int(gb * 1024**3)
 
 
 def mb_to_bytes(mb: float) -> int:
-    return int(mb * 1024 * 1024)
+    return int(mb * 1024**2)
 
 
-@dataclass
-class SharderData:
-    """What the estimators read from a sharder, copied out of it: its ``fused_params`` (the UVM cache's
-    ``cache_load_factor``) and whether its UVM kernels keep the table in host memory (``"base"``: an embedding
-    sharder's, as FBGEMM places it) or it stores every table on the compute device (``"default"``)."""
-
-    fused_params: dict[str, Any] = field(default_factory=dict)
-    storage_usage_type: str = "default"
-
-
-def build_sharder_data(sharder: Any) -> SharderData:
-    fused = getattr(sharder, "fused_params", None)
-    usage = "base" if isinstance(sharder, BaseEmbeddingSharder) else "default"
-    return SharderData(fused_params=dict(fused) if fused else {}, storage_usage_type=usage)
-
-
-def build_sharder_data_map(sharder_map: dict[str, Any]) -> dict[str, SharderData]:
-    """``{module type key: SharderData}`` for ``{module type key: sharder}``."""
-    return {key: build_sharder_data(sharder) for key, sharder in sharder_map.items()}
+def _find_imbalance_tables(
+    options: list[ShardingOption], target_imbalance: str = "perf"
+) -> list[ShardingOption]:
+    """The options on every busiest rank (by ``perf`` total or ``hbm``), largest first; none on one rank.
+    Row-wise and data-parallel options are left out: they are on every rank anyway."""
+    if target_imbalance not in ("perf", "hbm"):
+        raise ValueError(f"Unknown target imbalance {target_imbalance}")
+    value = (lambda s: s.perf.total) if target_imbalance == "perf" else (lambda s: s.storage.hbm)
+    load: dict[int, float] = {}
+    for shard in (s for o in options for s in o.shards):
+        load[shard.rank] = load.get(shard.rank, 0) + value(shard)
+    busiest = {rank for rank, v in load.items() if v == max(load.values())}
+    found = [
+        o for o in options
+        if {s.rank for s in o.shards} >= busiest and o.sharding_type not in ("data_parallel", "row_wise")
+    ]  # fmt: skip
+    return sorted(found, key=lambda o: value(o.shards[0]), reverse=True) if len(load) > 1 else []
 
 
 __getattr__ = refusing_getattr(__name__)

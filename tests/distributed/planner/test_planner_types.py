@@ -96,7 +96,7 @@ def test_noop_models_rate_the_busiest_rank():
 def test_torchrec_storage_rule_estimates_the_planners_own_options():
     topology = Topology(world_size=2, ddr_cap=10**9)
     tables = {"ebc": [EmbeddingBagConfig(1000, 16, name="t")]}
-    (options,) = EmbeddingEnumerator(topology, batch_size=64).enumerate(tables, {})
+    (options,) = EmbeddingEnumerator(topology, batch_size=64).enumerate_tables(tables, {})
     EmbeddingStorageEstimator(topology).estimate(options)
     table_wise = next(o for o in options if o.sharding_type == "table_wise")
     # weights 1000 x 16 x 4, ids 64 x 2 ranks x 8, outputs 64 x 2 ranks x 16 x 4 (a meta weight: no optimizer)
