@@ -12,6 +12,7 @@ offset inside the data section allows.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -252,9 +253,11 @@ class SafetensorsFile:
     The file is not mapped: what is read lands only in the destination tensor (and the page cache).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, data: bytearray | None = None) -> None:
+        """``data``: the file's bytes, read already (then ``path`` only names it in messages)."""
         self.path = Path(path)
-        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._file = open(self.path, "rb") if data is None else io.BytesIO(data)  # noqa: SIM115 - close()
+        self._size = os.fstat(self._file.fileno()).st_size if data is None else len(data)
         try:
             self.specs, self.metadata = self._parse()
         except BaseException:
@@ -295,7 +298,7 @@ class SafetensorsFile:
     def _read_header(self) -> tuple[dict[str, Any], int, int]:
         """The header's JSON object, the data section's first file offset and its size in bytes."""
         unreadable = f"{self.path}: cannot be read as safetensors:"
-        size = os.fstat(self._file.fileno()).st_size
+        size = self._size
         head = self._file.read(8)
         if len(head) < 8:
             raise SafetensorsFormatError(f"{unreadable} {size} bytes, too short for a header")
@@ -373,3 +376,19 @@ class SafetensorsFile:
             if not whole_rows:
                 chunk = chunk[:, cols[0] : cols[1]]
             out[start - first : start - first + count].copy_(chunk)
+
+
+def tensors_of_bytes(data: bytearray, path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file's bytes ``data`` (read from ``path``), its header checked as
+    :class:`SafetensorsFile` checks it; views of ``data``, nothing copied (a reader that must hash what it
+    loads reads the bytes once, hashes them, and parses them here)."""
+    with SafetensorsFile(path, data) as parsed:
+        out = {}
+        for name, spec in parsed.specs.items():
+            count = math.prod(spec.shape)
+            if count == 0:
+                out[name] = torch.empty(spec.shape, dtype=spec.dtype)
+                continue
+            flat = torch.frombuffer(data, dtype=spec.dtype, count=count, offset=spec.start)
+            out[name] = flat.view(spec.shape)
+        return out

@@ -106,7 +106,11 @@ def test_one_rank_serves_exactly_the_checkpoint_export(tmp_path, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype, sharding",
-    [("int8", '["row_wise", "table_wise"]'), ("fp16", '["data_parallel", "table_row_wise"]')],
+    [
+        ("int8", '["row_wise", "table_wise"]'),
+        ("fp16", '["data_parallel", "table_row_wise"]'),
+        ("int8", '["column_wise"]'),  # pieces of rows: joined, then quantized on rank 0
+    ],
 )
 def test_two_ranks_serve_exactly_the_checkpoint_export(tmp_path, dtype, sharding):
     overrides = _config(tmp_path, dtype, 8, f"planner.sharding_types={sharding}")
