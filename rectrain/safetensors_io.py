@@ -183,7 +183,8 @@ class SafetensorsWriter:
         }
         self._remaining = {name: spec.nbytes for name, spec in self.specs.items()}
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        _pwrite_all(self._fd, memoryview(struct.pack("<Q", padded) + text.ljust(padded)), 0)
+        self.head = struct.pack("<Q", padded) + text.ljust(padded)  # the file's bytes before the data
+        _pwrite_all(self._fd, memoryview(self.head), 0)
         os.ftruncate(self._fd, self.data_start + position)
 
     def __enter__(self) -> SafetensorsWriter:
@@ -239,12 +240,21 @@ class SafetensorsWriter:
 
 
 def save_tensors(
-    path: str | Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None
+    path: str | Path,
+    tensors: Mapping[str, Tensor],
+    metadata: Mapping[str, str] | None = None,
+    digest: Any = None,
 ) -> None:
-    """Write ``tensors`` as one safetensors file straight from their memory (no ``bytes`` copy)."""
+    """Write ``tensors`` as one safetensors file straight from their memory (no ``bytes`` copy); ``digest``
+    (a ``hashlib`` object) is fed the file's bytes as they are written, so the file need not be read again
+    to checksum it (CPU tensors; the data section is the tensors in order)."""
     with SafetensorsWriter(path, [spec_of(k, v) for k, v in tensors.items()], metadata) as writer:
+        if digest is not None:
+            digest.update(writer.head)
         for name, tensor in tensors.items():
             writer.write(name, tensor)
+            if digest is not None:
+                digest.update(_as_bytes(tensor.detach().contiguous()))
 
 
 class SafetensorsFile:

@@ -9,6 +9,7 @@ reading: ``recserve.runtime.delta``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ from recserve.runtime.delta import (
 from recserve.runtime.dense_precision import DENSE_DTYPES
 from recserve.runtime.layout import kernel_rows, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry, check_safetensors_file, read_manifest
-from rectrain.durable import follow_umask, fsync_path, sha256_file
+from rectrain.durable import follow_umask, fsync_path
 from rectrain.safetensors_io import save_tensors
 
 __all__ = ["delta_dir", "write_delta"]
@@ -169,11 +170,11 @@ def _publish(
     try:
         files = {}
         for name, content in ((ROWS_FILE, tensors), (DENSE_FILE, dense)):
-            path = staging / name
-            save_tensors(path, content, {"format": "pt"})
+            path, digest = staging / name, hashlib.sha256()
+            save_tensors(path, content, {"format": "pt"}, digest)  # hashed as written: one pass
             follow_umask(path)
             fsync_path(path)
-            files[name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            files[name] = {"sha256": digest.hexdigest(), "bytes": path.stat().st_size}
         manifest_path = staging / MANIFEST_FILE
         manifest_path.write_text(json.dumps({**manifest, "files": files}, indent=1) + "\n")
         follow_umask(manifest_path)
