@@ -100,6 +100,10 @@ def throughput(metrics: Path, since: float | None = None) -> float:
     return statistics.median(rates or [0.0])
 
 
+def train_windows(metrics: Path) -> int:
+    return sum(1 for line in metrics.read_text().splitlines() if '"event": "train"' in line)
+
+
 def descendants(pid: int) -> list[int]:
     """Child processes, recursively, less multiprocessing's resource tracker (a helper of spawned workers)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
@@ -315,10 +319,10 @@ def main() -> None:
                 # The same training without publishing, under the same serving load (the server keeps
                 # serving the last version).
                 baseline = start_training(args, run_config(args, root / "baseline", publish=False))
-                wait_for(
-                    lambda: (root / "baseline" / "metrics.jsonl").exists(), args.timeout, "its first log"
-                )
+                log = root / "baseline" / "metrics.jsonl"
+                wait_for(log.exists, args.timeout, "its first log")
                 time.sleep(args.baseline_s)
+                wait_for(lambda: train_windows(log) >= 5, args.timeout, "5 logged windows (2 of warm-up)")
                 stop(baseline)
                 replies_until = memory.stopped_at
             not_publishing = throughput(root / "baseline" / "metrics.jsonl")

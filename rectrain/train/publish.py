@@ -98,6 +98,7 @@ class Publisher:
         self._delta_failed = False
         self._last_time = time.monotonic()
         self._published_step: int | None = None
+        self._first_step = 0
 
     def observe(self, stream: Iterator[Any]) -> Iterator[Any]:
         """The training batches, their rows tracked."""
@@ -109,6 +110,7 @@ class Publisher:
             self.dir.mkdir(parents=True, exist_ok=True)
             for leftover in self.dir.glob(".*"):
                 shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink()
+        self._first_step = step  # the stream's first batch trains step + 1, one batch a step
         self._cut(step, cut)
         self._last_time = time.monotonic()
 
@@ -151,7 +153,7 @@ class Publisher:
     def _publish(self, step: int, flags: int, cut: Callable[[], None], final: bool = False) -> None:
         self._last_time = time.monotonic()
         wall_time = time.time()
-        changed = self._union(self.touched.take())
+        changed = self._union(self.touched.take(trained=step - self._first_step))
         if self._since_cut is not None:
             for marks, ids in zip(self._since_cut, changed):
                 marks[ids] = True

@@ -160,6 +160,29 @@ def test_touched_rows_keep_the_batches_still_in_flight():
     assert touched.take()[0].tolist() == [4, 5, 6]  # the three fetched last may still be in flight
 
 
+def test_touched_rows_mark_again_only_the_batches_not_trained_yet():
+    from rectrain.embedding import EmbeddingBagConfig
+    from rectrain.models.batch import Batch
+    from rectrain.sparse import KeyedJaggedTensor
+
+    tables = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])]
+    touched = TouchedRows(tables)
+
+    def batch(ids: list[int]) -> Batch:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            ["f"], torch.tensor(ids), torch.ones(len(ids), dtype=torch.int32)
+        )
+        return Batch(torch.zeros(len(ids), 1), kjt, torch.zeros(len(ids)))
+
+    stream = touched.observe(iter([batch([1]), batch([2]), batch([3]), batch([4])]))
+    next(stream), next(stream), next(stream)  # fetched three, one trained
+    assert touched.take(trained=1)[0].tolist() == [1, 2, 3]
+    next(stream)  # fetched the fourth, three trained: only the fourth is in flight
+    assert touched.take(trained=3)[0].tolist() == [2, 3, 4]  # batches 2 and 3 were in flight at the first
+    assert touched.take(trained=4)[0].tolist() == [4]
+    assert touched.take(trained=4)[0].tolist() == []  # trained rows are published once
+
+
 def test_a_kill_during_publishing_leaves_only_complete_deltas_and_the_restart_continues(tmp_path):
     overrides = _config(tmp_path, "int8", steps=1_000_000)
     command = [
