@@ -3,9 +3,9 @@
 Trains the DLRM (``--tables`` x ``--rows`` x ``--dim``, int8 bases; synthetic click data) online on
 ``--ranks`` ranks with ``[publish] every_seconds = --every``, starts ``recserve serve --follow`` with
 ``--workers`` workers, and keeps a closed loop of ``--clients`` callers on it until ``--publishes`` deltas
-written after its first reply have been served (30 by default). First the same training runs for
-``--baseline-s`` seconds without publishing, for the throughput ratio. It prints one line per figure, its
-value last:
+written after its first reply have been served (30 by default). Then, with the server and its callers still
+running, the same training runs for ``--baseline-s`` seconds without publishing, for the throughput ratio:
+both runs share the machine with the same serving load. It prints one line per figure, its value last:
 
 - ``freshness p50 s`` / ``freshness p99 s``: from the time the trainer read a delta's rows (its ``wall_time``)
   to the first reply that names that version (or a later one); deltas written before the server's first
@@ -15,10 +15,15 @@ value last:
 - ``apply p99 / steady p99``: reply latency within 0.25 s of a new version's first reply vs the rest;
 - ``delta bytes / touched row bytes``: the deltas' row files vs their rows x int8 row bytes (dim + 4: codes,
   fp16 scale and bias); the files also hold each row's int64 id, so (dim + 12) / (dim + 4) is the floor;
-- ``train throughput publishing / not``: median examples/s of the logged windows, both runs past warm-up;
-  the publishing run shares the machine with the server and its callers, so on fewer cores than ranks +
-  workers + clients the ratio also holds their share of the CPUs, not only publishing's cost;
-- ``peak memory <process> MiB``: VmHWM of every trainer rank and serving worker.
+- ``train throughput publishing / not``: median examples/s of the logged windows while the callers run
+  (the publishing run's windows after its first base, so the base export at its start is not in it; the
+  other run's past its first two);
+- ``peak memory <process> MiB``: VmHWM of every trainer rank and serving worker (it counts the pages of
+  files a process maps, which the workers share and map twice);
+- ``peak private memory <process> MiB``: the most anonymous memory (``Anonymous`` of
+  ``/proc/<pid>/smaps_rollup``, sampled every 0.25 s): what a process holds for itself;
+- ``worker private growth / applied delta bytes``: each worker's growth of anonymous memory from the first
+  reply to the end over the row bytes of the deltas it applied meanwhile (the most of the workers).
 
     .venv/bin/python -m bench freshness [--rows 2000000] [--ranks 2] [--workers 2] [--publishes 30]
 """
@@ -85,14 +90,18 @@ def start_training(args: argparse.Namespace, config: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
-def throughput(metrics: Path) -> float:
-    """Median examples/s of the logged windows past the first two (warm-up)."""
-    rates = [
-        e["examples_per_s"]
-        for e in map(json.loads, metrics.read_text().splitlines())
-        if e["event"] == "train"
-    ]
-    return statistics.median(rates[2:] or rates or [0.0])
+def throughput(metrics: Path, since: float | None = None) -> float:
+    """Median examples/s of the logged windows ending after ``since``, or past the first two (warm-up)."""
+    events = [e for e in map(json.loads, metrics.read_text().splitlines()) if e["event"] == "train"]
+    if since is not None:
+        rates = [e["examples_per_s"] for e in events if e["time"] > since]
+    else:
+        rates = [e["examples_per_s"] for e in events][2:]
+    return statistics.median(rates or [0.0])
+
+
+def train_windows(metrics: Path) -> int:
+    return sum(1 for line in metrics.read_text().splitlines() if '"event": "train"' in line)
 
 
 def descendants(pid: int) -> list[int]:
@@ -116,6 +125,70 @@ def peak_mib(pid: int) -> float:
         return 0.0
     line = next((x for x in status.splitlines() if x.startswith("VmHWM:")), "VmHWM: 0 kB")
     return int(line.split()[1]) / 1024
+
+
+def anonymous_mib(pid: int) -> float | None:
+    """A process's anonymous memory (its own pages: heap, tensors, private writes), not the file pages it
+    maps; None once it is gone."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    line = next((x for x in rollup.splitlines() if x.startswith("Anonymous:")), "Anonymous: 0 kB")
+    return int(line.split()[1]) / 1024
+
+
+class Memory:
+    """Samples the anonymous memory of the watched processes' descendants every 0.25 s: each one's peak,
+    its value at ``mark_start`` and at ``stop``; VmHWM at ``stop``."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, list[int]] = {}
+        self.peak: dict[int, float] = {}
+        self.start: dict[int, float] = {}
+        self.end: dict[int, float] = {}
+        self.hwm: dict[int, float] = {}
+        self.stopped_at = float("inf")
+        self._parents: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def watch(self, kind: str, pid: int) -> None:
+        with self._lock:
+            self._parents[kind] = pid
+
+    def _sample(self) -> dict[int, float]:
+        with self._lock:
+            parents = dict(self._parents)
+        now = {}
+        for kind, parent in parents.items():
+            pids = descendants(parent)
+            if pids:
+                self.groups[kind] = pids
+            for pid in pids:
+                value = anonymous_mib(pid)
+                if value is not None:
+                    now[pid] = value
+                    self.peak[pid] = max(self.peak.get(pid, 0.0), value)
+        return now
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self._sample()
+
+    def mark_start(self) -> None:
+        self.start = self._sample()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        self.end = self._sample()
+        self.hwm = {pid: peak_mib(pid) for group in self.groups.values() for pid in group}
+        self.stopped_at = time.time()
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -208,34 +281,20 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="freshness-") as tmp:
         root = Path(tmp)
-        baseline = start_training(args, run_config(args, root / "baseline", publish=False))
-        wait_for(
-            lambda: (root / "baseline" / "metrics.jsonl").exists(), args.timeout, "the baseline's first log"
-        )
-        time.sleep(args.baseline_s)
-        stop(baseline)
-        not_publishing = throughput(root / "baseline" / "metrics.jsonl")
-        print(f"train examples/s not publishing {not_publishing:.0f}", flush=True)
-
         online = root / "online"
         trainer = start_training(args, run_config(args, online, publish=True))
         publish = online / "publish"
+        memory = Memory()
+        memory.watch("trainer rank", trainer.pid)
         wait_for(lambda: (publish / "1" / "manifest.json").exists(), args.timeout, "the first base")
         port, metrics_port = free_port(), free_port()
-        command = [
-            sys.executable,
-            "-m",
-            "recserve.cli",
-            "serve",
-            "--follow",
-            str(publish),
-            "--port",
-            str(port),
-        ]
-        command += ["--workers", str(args.workers), "--metrics-port", str(metrics_port)]
+        command = [sys.executable, "-m", "recserve.cli", "serve", "--follow", str(publish)]
+        command += ["--port", str(port), "--workers", str(args.workers), "--metrics-port", str(metrics_port)]
         server = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+        baseline = None
         try:
             wait_serving(server, port, timeout_s=args.timeout)
+            memory.watch("serving worker", server.pid)
             with Load(f"127.0.0.1:{port}", args.clients, args.request_batch) as load:
 
                 def served_enough() -> bool:
@@ -251,17 +310,34 @@ def main() -> None:
                     ]
                     return len(served) >= args.publishes
 
+                wait_for(lambda: bool(load.replies), args.timeout, "the first reply")
+                memory.mark_start()
                 wait_for(served_enough, args.timeout, f"{args.publishes} served deltas")
-                pids = {"trainer rank": descendants(trainer.pid), "serving worker": descendants(server.pid)}
-                peaks = {kind: [peak_mib(pid) for pid in group] for kind, group in pids.items()}
-            publishing = throughput(online / "metrics.jsonl")
+                memory.stop()
+                publishing = throughput(online / "metrics.jsonl", since=load.replies[0][1])
+                stop(trainer)
+                # The same training without publishing, under the same serving load (the server keeps
+                # serving the last version).
+                baseline = start_training(args, run_config(args, root / "baseline", publish=False))
+                log = root / "baseline" / "metrics.jsonl"
+                wait_for(log.exists, args.timeout, "its first log")
+                time.sleep(args.baseline_s)
+                wait_for(lambda: train_windows(log) >= 5, args.timeout, "5 logged windows (2 of warm-up)")
+                stop(baseline)
+                replies_until = memory.stopped_at
+            not_publishing = throughput(root / "baseline" / "metrics.jsonl")
+            print(f"train examples/s publishing {publishing:.0f}", flush=True)
+            print(f"train examples/s not publishing {not_publishing:.0f}", flush=True)
         finally:
-            stop(trainer)
-            stop(server)
-        report(load, deltas_of(publish), args, publishing / not_publishing, peaks)
+            memory.stop()
+            for process in (trainer, baseline, server):
+                if process is not None:
+                    stop(process)
+        load.replies = [r for r in load.replies if r[1] <= replies_until]
+        report(load, deltas_of(publish), args, publishing / max(not_publishing, 1e-9), memory)
 
 
-def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: float, peaks: dict) -> None:
+def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: float, memory: Memory) -> None:
     replies = sorted(load.replies, key=lambda r: r[1])
     first_seen: dict[tuple[int, int], float] = {}
     for _, received, version in replies:
@@ -298,9 +374,22 @@ def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: floa
     print(f"apply p99 / steady p99 {apply_p99 / max(steady_p99, 1e-9):.3f}")
     print(f"delta bytes / touched row bytes {rows_bytes / max(rows * row_bytes, 1):.3f}")
     print(f"train throughput publishing / not {train_ratio:.3f}")
-    for kind, values in peaks.items():
-        for i, value in enumerate(values):
-            print(f"peak memory {kind} {i} MiB {value:.0f}")
+    for kind, pids in memory.groups.items():
+        for i, pid in enumerate(pids):
+            print(f"peak memory {kind} {i} MiB {memory.hwm.get(pid, 0.0):.0f}")
+            print(f"peak private memory {kind} {i} MiB {memory.peak.get(pid, 0.0):.0f}")
+    # The deltas the workers applied between the first reply and the end: those after the version of the
+    # first reply, up to the last one served.
+    first, last = version_key(replies[0][2]), version_key(replies[-1][2])
+    applied = sum(d["rows_bytes"] for key, d in deltas.items() if key[0] == last[0] and first < key <= last)
+    growth = [
+        memory.end[pid] - memory.start[pid]
+        for pid in memory.groups.get("serving worker", [])
+        if pid in memory.start and pid in memory.end
+    ]
+    print(f"delta row bytes applied while measured MiB {applied / 2**20:.1f}")
+    if growth and applied:
+        print(f"worker private growth / applied delta bytes {max(growth) * 2**20 / applied:.3f}")
 
 
 def percentile(values: list[float], q: float) -> float:

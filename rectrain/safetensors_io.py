@@ -12,6 +12,7 @@ offset inside the data section allows.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -182,7 +183,8 @@ class SafetensorsWriter:
         }
         self._remaining = {name: spec.nbytes for name, spec in self.specs.items()}
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        _pwrite_all(self._fd, memoryview(struct.pack("<Q", padded) + text.ljust(padded)), 0)
+        self.head = struct.pack("<Q", padded) + text.ljust(padded)  # the file's bytes before the data
+        _pwrite_all(self._fd, memoryview(self.head), 0)
         os.ftruncate(self._fd, self.data_start + position)
 
     def __enter__(self) -> SafetensorsWriter:
@@ -238,12 +240,21 @@ class SafetensorsWriter:
 
 
 def save_tensors(
-    path: str | Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None
+    path: str | Path,
+    tensors: Mapping[str, Tensor],
+    metadata: Mapping[str, str] | None = None,
+    digest: Any = None,
 ) -> None:
-    """Write ``tensors`` as one safetensors file straight from their memory (no ``bytes`` copy)."""
+    """Write ``tensors`` as one safetensors file straight from their memory (no ``bytes`` copy); ``digest``
+    (a ``hashlib`` object) is fed the file's bytes as they are written, so the file need not be read again
+    to checksum it (CPU tensors; the data section is the tensors in order)."""
     with SafetensorsWriter(path, [spec_of(k, v) for k, v in tensors.items()], metadata) as writer:
+        if digest is not None:
+            digest.update(writer.head)
         for name, tensor in tensors.items():
             writer.write(name, tensor)
+            if digest is not None:
+                digest.update(_as_bytes(tensor.detach().contiguous()))
 
 
 class SafetensorsFile:
@@ -252,9 +263,11 @@ class SafetensorsFile:
     The file is not mapped: what is read lands only in the destination tensor (and the page cache).
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, data: bytearray | None = None) -> None:
+        """``data``: the file's bytes, read already (then ``path`` only names it in messages)."""
         self.path = Path(path)
-        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._file = open(self.path, "rb") if data is None else io.BytesIO(data)  # noqa: SIM115 - close()
+        self._size = os.fstat(self._file.fileno()).st_size if data is None else len(data)
         try:
             self.specs, self.metadata = self._parse()
         except BaseException:
@@ -295,7 +308,7 @@ class SafetensorsFile:
     def _read_header(self) -> tuple[dict[str, Any], int, int]:
         """The header's JSON object, the data section's first file offset and its size in bytes."""
         unreadable = f"{self.path}: cannot be read as safetensors:"
-        size = os.fstat(self._file.fileno()).st_size
+        size = self._size
         head = self._file.read(8)
         if len(head) < 8:
             raise SafetensorsFormatError(f"{unreadable} {size} bytes, too short for a header")
@@ -373,3 +386,19 @@ class SafetensorsFile:
             if not whole_rows:
                 chunk = chunk[:, cols[0] : cols[1]]
             out[start - first : start - first + count].copy_(chunk)
+
+
+def tensors_of_bytes(data: bytearray, path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file's bytes ``data`` (read from ``path``), its header checked as
+    :class:`SafetensorsFile` checks it; views of ``data``, nothing copied (a reader that must hash what it
+    loads reads the bytes once, hashes them, and parses them here)."""
+    with SafetensorsFile(path, data) as parsed:
+        out = {}
+        for name, spec in parsed.specs.items():
+            count = math.prod(spec.shape)
+            if count == 0:
+                out[name] = torch.empty(spec.shape, dtype=spec.dtype)
+                continue
+            flat = torch.frombuffer(data, dtype=spec.dtype, count=count, offset=spec.start)
+            out[name] = flat.view(spec.shape)
+        return out

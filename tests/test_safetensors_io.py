@@ -3,6 +3,8 @@ readable by the safetensors library itself."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -15,6 +17,7 @@ from rectrain.safetensors_io import (
     SafetensorsWriter,
     TensorSpec,
     save_tensors,
+    tensors_of_bytes,
 )
 
 
@@ -73,3 +76,17 @@ def test_save_tensors_round_trip(tmp_path) -> None:
     with SafetensorsFile(tmp_path / "t.safetensors") as stored:
         for name, value in tensors.items():
             assert torch.equal(stored.read(name), value)
+
+
+def test_save_tensors_hashes_what_it_writes_and_bytes_parse_as_views(tmp_path) -> None:
+    tensors = {"ids": torch.arange(5), "rows": torch.randint(0, 255, (5, 13), dtype=torch.uint8)}
+    digest = hashlib.sha256()
+    save_tensors(tmp_path / "t.safetensors", tensors, {"format": "pt"}, digest)
+    data = bytearray((tmp_path / "t.safetensors").read_bytes())
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    parsed = tensors_of_bytes(data, tmp_path / "t.safetensors")
+    assert all(torch.equal(parsed[k], v) for k, v in tensors.items())
+    data[-1] ^= 1  # views of the bytes, not copies
+    assert parsed["rows"][-1, -1] == tensors["rows"][-1, -1] ^ 1
+    with pytest.raises(SafetensorsFormatError, match=r"t\.safetensors: cannot be read as safetensors"):
+        tensors_of_bytes(bytearray(b"\x05"), tmp_path / "t.safetensors")

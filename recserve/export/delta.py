@@ -9,6 +9,7 @@ reading: ``recserve.runtime.delta``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,9 +32,9 @@ from recserve.runtime.delta import (
     manifest_sha256,
 )
 from recserve.runtime.dense_precision import DENSE_DTYPES
-from recserve.runtime.layout import kernel_rows
+from recserve.runtime.layout import kernel_rows, row_bytes
 from recserve.runtime.package import PackageManifest, TableEntry, check_safetensors_file, read_manifest
-from rectrain.durable import follow_umask, fsync_path, sha256_file
+from rectrain.durable import follow_umask, fsync_path
 from rectrain.safetensors_io import save_tensors
 
 __all__ = ["delta_dir", "write_delta"]
@@ -53,7 +54,9 @@ def write_delta(
 
     Args:
         rows: table -> (ids int64 [n], fp32 rows [n, dim]): the rows changed since delta ``sequence - 1``
-            (ids in any order, unique). Tables not named are unchanged.
+            (ids in any order, unique). Tables not named are unchanged. The rows may instead be the kernel
+            rows ``quantize_table`` then ``kernel_rows`` make of them in the base's dtype (uint8 [n, row
+            bytes]), written as they are.
         dense_state: the whole dense state (prediction-module names, as trained).
         wall_time: when the step's rows were read (unix seconds; default now).
 
@@ -111,10 +114,12 @@ def _quantized_rows(table: TableEntry, changed: tuple[Tensor, Tensor] | None) ->
     where = f"rows[{table.name!r}]"
     if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ExportError(f"{where}: ids must be a 1-D integer tensor, got {ids.dtype} {list(ids.shape)}")
-    if weight.dim() != 2 or weight.shape != (ids.numel(), table.embedding_dim):
+    quantized = weight.dtype == torch.uint8  # kernel rows already (the trainer quantizes where rows live)
+    width = row_bytes(table.embedding_dim, table.dtype) if quantized else table.embedding_dim
+    if weight.dim() != 2 or weight.shape != (ids.numel(), width):
+        kind = "kernel row of the base's dtype" if quantized else "row of the table's dim"
         raise ExportError(
-            f"{where}: rows must be [{ids.numel()}, {table.embedding_dim}] (one row of the table's dim per "
-            f"id), got {list(weight.shape)}"
+            f"{where}: rows must be [{ids.numel()}, {width}] (one {kind} per id), got {list(weight.shape)}"
         )
     ids = ids.detach().to("cpu", torch.int64)
     if ids.numel() == 0:
@@ -126,8 +131,10 @@ def _quantized_rows(table: TableEntry, changed: tuple[Tensor, Tensor] | None) ->
     if ids.numel() > 1 and bool((ids[1:] == ids[:-1]).any()):
         repeated = int(ids[1:][ids[1:] == ids[:-1]][0])
         raise ExportError(f"{where}: id {repeated} appears more than once")
-    quantized = quantize_table(weight.detach().to("cpu", torch.float32)[order], table.dtype)
-    return ids, kernel_rows(quantized.weights, quantized.scale_bias)
+    if quantized:
+        return ids, weight.detach().to("cpu").index_select(0, order)
+    table_rows = quantize_table(weight.detach().to("cpu", torch.float32).index_select(0, order), table.dtype)
+    return ids, kernel_rows(table_rows.weights, table_rows.scale_bias)
 
 
 def _dense(base_dir: Path, base: PackageManifest, dense_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -163,11 +170,11 @@ def _publish(
     try:
         files = {}
         for name, content in ((ROWS_FILE, tensors), (DENSE_FILE, dense)):
-            path = staging / name
-            save_tensors(path, content, {"format": "pt"})
+            path, digest = staging / name, hashlib.sha256()
+            save_tensors(path, content, {"format": "pt"}, digest)  # hashed as written: one pass
             follow_umask(path)
             fsync_path(path)
-            files[name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            files[name] = {"sha256": digest.hexdigest(), "bytes": path.stat().st_size}
         manifest_path = staging / MANIFEST_FILE
         manifest_path.write_text(json.dumps({**manifest, "files": files}, indent=1) + "\n")
         follow_umask(manifest_path)

@@ -16,14 +16,13 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load
 from torch import Tensor
 
 from recserve.errors import PackageError
@@ -37,7 +36,7 @@ from recserve.runtime.package import (
     verify_listed_files,
 )
 from rectrain.durable import sha256_file
-from rectrain.safetensors_io import dtype_name
+from rectrain.safetensors_io import SafetensorsFormatError, dtype_name, tensors_of_bytes
 
 DELTA_FORMAT = "recserve-model-delta"
 DELTA_FORMAT_VERSION = 1
@@ -105,10 +104,11 @@ def fold_deltas(deltas: Sequence[Delta]) -> Delta:
         parts = [d.rows[table] for d in deltas if table in d.rows]
         all_ids = torch.cat([ids for ids, _ in parts])
         order = torch.argsort(all_ids, stable=True)  # of equal ids, the newest comes last
-        sorted_ids = all_ids[order]
+        sorted_ids = all_ids.index_select(0, order)
         last = torch.ones_like(sorted_ids, dtype=torch.bool)
         last[:-1] = sorted_ids[1:] != sorted_ids[:-1]
-        rows[table] = (sorted_ids[last], torch.cat([r for _, r in parts])[order[last]])
+        kept = order.masked_select(last)  # index_select, not []: GIL-free while a worker serves
+        rows[table] = (all_ids.index_select(0, kept), torch.cat([r for _, r in parts]).index_select(0, kept))
     return dataclasses.replace(deltas[-1], rows=rows, first_sequence=deltas[0].starts_at)
 
 
@@ -277,19 +277,22 @@ def _read_dense(path: Path, base: PackageManifest, sha256: str) -> dict[str, Ten
 def _load(path: Path, sha256: str) -> dict[str, Tensor]:
     """The tensors, parsed from one read of the file's bytes, which must hash to the manifest's ``sha256``:
     never mapped (a file truncated under a mapping ends the reading process with SIGBUS) and never read
-    twice (the bytes loaded are the bytes verified)."""
+    twice (the bytes loaded are the bytes verified). The tensors are views of the bytes read: reading and
+    hashing release the GIL, and no copy holds it while the worker serves."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            got = file.readinto(data)
     except OSError as error:
         raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
-    if hashlib.sha256(data).hexdigest() != sha256:
+    if got != len(data) or hashlib.sha256(data).hexdigest() != sha256:
         raise PackageError(
             f"{path}: changed after it was verified (sha256 no longer matches {MANIFEST_FILE})"
         )
     try:
-        return dict(load(data))
-    except SafetensorError as error:
-        raise PackageError(f"{path}: cannot be read as safetensors ({error})") from None
+        return tensors_of_bytes(data, path)
+    except SafetensorsFormatError as error:
+        raise PackageError(str(error)) from None  # it names the file and the field
 
 
 def list_stream(publish_dir: str | Path) -> tuple[Path | None, list[Path]]:

@@ -321,7 +321,9 @@ class StitchedOverlay:
     def merged(self, changes: Mapping[int, tuple[Tensor, Tensor]], where: str) -> StitchedOverlay:
         """This overlay with ``changes`` (kernel table -> (sorted local row ids, kernel rows)) on top; a new
         version, prepared beside serving (``activate`` makes its row map the served one). PackageError
-        naming ``where`` on rows of the wrong width."""
+        naming ``where`` on rows of the wrong width. Bulk work goes through torch functions, which release
+        the GIL (``index_select``/``index_copy_``, not ``[]`` indexing, which holds it): serving threads run
+        Python meanwhile."""
         layout, log = self.layout, self.log
         new = {}
         for t, (ids, rows) in changes.items():
@@ -334,7 +336,11 @@ class StitchedOverlay:
         fresh = 0  # rows changed for the first time since the base (an unchanged row maps to itself)
         for t, (ids, _) in new.items():
             table_map = self._map_of(t)
-            fresh += ids.numel() if table_map is None else int((table_map[ids].long() == ids).sum())
+            fresh += (
+                ids.numel()
+                if table_map is None
+                else int((table_map.index_select(0, ids).long() == ids).sum())
+            )
         adding = sum(ids.numel() for ids, _ in new.values())
         fits = all(log.used[t] + ids.numel() <= log.stitched.capacity[t] for t, (ids, _) in new.items())
         if not fits or sum(log.used) + adding > 2 * (self.num_rows + fresh) + _SLACK_ROWS:
@@ -349,7 +355,7 @@ class StitchedOverlay:
             maps = {t: m.clone() for t in range(len(layout.widths)) if (m := self._map_of(t)) is not None}
             for t, (ids, _) in new.items():
                 maps.setdefault(t, torch.arange(layout.num_rows[t], dtype=log.remap.dtype))
-                maps[t][ids] = stitched_rows[t].to(maps[t].dtype)
+                maps[t].index_copy_(0, ids, stitched_rows[t].to(maps[t].dtype))
             return self._on(layout, log.stitched, log.used, maps, self.num_rows + fresh)
         positions = torch.cat([ids + int(log.remap_offsets[t]) for t, (ids, _) in new.items()])
         values = torch.cat(list(stitched_rows.values())).to(log.remap.dtype)

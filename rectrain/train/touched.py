@@ -3,9 +3,11 @@
 The fused optimizers update only the rows a batch reads (every sparse optimizer rectrain offers: a row's
 state moves only with its gradient), so the rows to publish are the ids of the trained batches, marked in one
 bitmap per table as each batch leaves the data stream. Marking happens when the pipeline fetches a batch,
-which may be a step or two before it trains; ``take`` therefore marks the most recent batches again after it
-clears, so a row read by a batch not yet trained is never lost (a row marked too early is published
-unchanged, which costs bytes, never exactness).
+which may be a step or two before it trains; ``take`` therefore marks again, after it clears, the batches
+fetched but not trained yet (told how many batches have trained: the trainer trains them in the order they
+were fetched, one a step; not told, the most recent few), so a row read by a batch not yet trained is never
+lost, and a row whose batch has trained is not published again (that would cost bytes, never exactness:
+with a delta a step or two, marking trained batches again made each delta carry several steps' rows).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class TouchedRows:
     def __init__(self, tables: Sequence[Any]) -> None:
         self._table_of = {f: i for i, t in enumerate(tables) for f in t.feature_names}
         self._marks = [torch.zeros(t.num_embeddings, dtype=torch.bool) for t in tables]
-        self._recent: deque[list[tuple[int, Tensor]]] = deque(maxlen=_IN_FLIGHT)
+        self._recent: deque[tuple[int, list[tuple[int, Tensor]]]] = deque(maxlen=_IN_FLIGHT)
+        self._fetched = 0  # batches marked so far: the next one's index
 
     def observe(self, stream: Iterator[Any]) -> Iterator[Any]:
         """``stream`` (``Batch``es or ``PositionedBatch``es) unchanged, each batch's ids marked."""
@@ -41,7 +44,8 @@ class TouchedRows:
                 yield item
                 continue
             ids = self._ids_of(batch.sparse_features)
-            self._recent.append(ids)
+            self._recent.append((self._fetched, ids))
+            self._fetched += 1
             self._mark(ids)
             yield item
 
@@ -59,11 +63,13 @@ class TouchedRows:
         for table, part in ids:
             self._marks[table][part] = True
 
-    def take(self) -> list[Tensor]:
-        """Each table's marked row ids (sorted int64), then clear all but the batches still in flight."""
+    def take(self, trained: int | None = None) -> list[Tensor]:
+        """Each table's marked row ids (sorted int64), then clear all but the batches still in flight: those
+        past the first ``trained`` batches fetched, or (None) the last few fetched."""
         taken = [marks.nonzero().squeeze(1) for marks in self._marks]
         for marks in self._marks:
             marks.zero_()
-        for ids in self._recent:
-            self._mark(ids)
+        for index, ids in self._recent:
+            if trained is None or index >= trained:
+                self._mark(ids)
         return taken

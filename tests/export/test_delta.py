@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 
 from recserve.errors import ExportError
 from recserve.export.delta import delta_dir, write_delta
+from recserve.export.quantize import quantize_table
 from recserve.runtime.delta import list_stream, manifest_sha256
+from recserve.runtime.layout import kernel_rows
 from recserve.runtime.package import load_shards, read_manifest
 from rectrain.durable import sha256_file
 from tests.runtime.delta_common import CFG, changed, dense_of, make_stream
@@ -55,6 +57,24 @@ def test_rows_are_the_bytes_a_full_export_stores(tmp_path, stream):
         (whole,) = [q for s, q in shards.items() if s.table == table.name]
         assert torch.equal(rows[f"{table.name}.rows"], whole.rows_view[ids])
     assert read_manifest(stream.base).table("t3").dtype.value == "int4"
+
+
+def test_rows_quantized_by_the_caller_are_written_as_they_are(tmp_path):
+    """A trainer rank quantizes its own rows (``quantize_table`` then ``kernel_rows``): the delta holds the
+    same bytes as when ``write_delta`` quantizes the fp32 rows; kernel rows of another width are refused."""
+    stream = make_stream(tmp_path / "publish", dtype="int8", table_dtypes={"t3": "int4"})
+    rows, dense = _good(stream)
+    dtypes = {t.name: t.dtype for t in read_manifest(stream.base).tables}
+    quantized = {}
+    for name, (ids, weight) in rows.items():
+        table = quantize_table(weight, dtypes[name])
+        quantized[name] = (ids, kernel_rows(table.weights, table.scale_bias))
+    ours = load_file(str(write_delta(stream.publish, "1", 1, 1, quantized, dense) / "rows.safetensors"))
+    theirs = load_file(str(write_delta(stream.publish, "1", 2, 1, rows, dense) / "rows.safetensors"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    wrong = {**quantized, "t3": (quantized["t3"][0], quantized["t3"][1][:, :-1])}
+    with pytest.raises(ExportError, match=r"rows\['t3'\]: rows must be \[\d+, \d+\] \(one kernel row"):
+        write_delta(stream.publish, "1", 3, 1, wrong, dense)
 
 
 def test_dense_state_is_stored_in_the_base_dense_dtype(tmp_path):
