@@ -29,6 +29,7 @@ TABLES: dict[str, list[str]] = {
     "checkpoint_io": [],
     "data_pipeline": [],
     "overload_burst": [],
+    "hostile": [],
     "foreign_criteo": [],
     "freshness": [
         "freshness p50 s",

@@ -21,6 +21,8 @@ handler starts (for a request stream: until the first message), which :func:`mes
   whole message for each read holding a slot is under :func:`read_memory_limit`, and past the limit the
   oldest reads still arriving are ended RESOURCE_EXHAUSTED, enough to free the excess. A held stream holds a
   few bytes: it costs nothing here until memory is short.
+- **Only while reads are held.** The watch ticks every 10 ms while calls are registered and sleeps when
+  none is (a worker at rest spends no CPU on it); the first call after a quiet spell wakes it.
 - **Streaming pools** (``clock_from_submit``): their calls may last for ever, so the pool is small, a call
   queues for a thread, and its read clock runs from the moment it was queued: one whose first message has
   not come within the deadline ends, queued or not.
@@ -153,6 +155,7 @@ class ReadWatch:
         self._reads: set[_Read] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a read registers: the watch sleeps while none is held
         self._thread: threading.Thread | None = None
         self._warned = False
         self._quiet_since: float | None = None
@@ -167,6 +170,7 @@ class ReadWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -182,6 +186,8 @@ class ReadWatch:
         read = _Read(call, outcome, time.monotonic() if clock_from_submit else 0.0, bounded)
         with self._lock:
             self._reads.add(read)
+        if not self._wake.is_set():
+            self._wake.set()
         return read
 
     def _may_start(self) -> bool:
@@ -263,25 +269,53 @@ class ReadWatch:
 
     # -- the watch's thread -----------------------------------------------------------------------------
 
+    def _at_rest(self) -> bool:
+        """No read registered and nothing left to settle (a baseline to re-take): the watch may sleep."""
+        if self._reads:
+            return False
+        return self.memory is None or (self._quiet_since is None and self._growth < self.memory_limit // 8)
+
     def _run(self) -> None:
-        while not self._stop.wait(_TICK_SECONDS):
-            now = time.monotonic()
-            with self._lock:
-                reading = [r for r in self._reads if r.started and r.state == "waiting"]
-            excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
-            for read in reading:
-                waited = now - read.started
-                if waited >= self.read_timeout_s:
-                    self.end(
-                        read,
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"request message: not received within {self.read_timeout_s:g} s "
-                        "(--grpc-read-timeout)",
-                    )
-                elif waited >= FAST_READ_SECONDS and read.slot:
-                    self._free_slot(read)  # a slow sender: its slot goes to the next read
-            if excess > 0:
-                self._end_for_memory(now, reading, excess)
+        # Ticks only while reads are registered (and until the baseline settles after them): a worker at rest
+        # spends no CPU here, and the first call after a quiet spell wakes the watch.
+        while not self._stop.is_set():
+            if self._at_rest():
+                self._wake.clear()
+                if self._at_rest():  # a read that registered between the test and the clear set it again
+                    self._wake.wait()
+                if self._stop.is_set():
+                    return
+                self._woken()
+            else:
+                self._stop.wait(_TICK_SECONDS)
+            self._tick()
+
+    def _woken(self) -> None:
+        """After a quiet spell: memory that grew meanwhile with nothing held for requests (a reload's larger
+        model, heap kept by the allocator) is the new baseline, as the ticks would have made it."""
+        memory = self.memory
+        if memory is None or (self._budget is not None and self._budget.used > 0):
+            return
+        if memory.growth() >= self.memory_limit // 8:
+            memory.rebase()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            reading = [r for r in self._reads if r.started and r.state == "waiting"]
+        excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
+        for read in reading:
+            waited = now - read.started
+            if waited >= self.read_timeout_s:
+                self.end(
+                    read,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"request message: not received within {self.read_timeout_s:g} s (--grpc-read-timeout)",
+                )
+            elif waited >= FAST_READ_SECONDS and read.slot:
+                self._free_slot(read)  # a slow sender: its slot goes to the next read
+        if excess > 0:
+            self._end_for_memory(now, reading, excess)
 
     def _end_for_memory(self, now: float, reading: list[_Read], excess: int) -> None:
         """Ends the oldest reads still arriving, enough of them to free ``excess`` bytes if each held a whole
