@@ -1,7 +1,8 @@
 """Issue 43's hostile clients at full size against the default server, a normal client beside them.
 
 Exports the standard DLRM (the serving benches' package), starts ``recserve serve`` with its defaults
-(2 workers, limits, pinning) plus a REST port, measures the server's CPU at rest, then runs each attack:
+(2 workers, limits, pinning) plus a REST port, measures the server's CPU at rest and the normal client alone
+(``--alone`` s), then runs each attack:
 
 - ``held``: 200 Predict streams over 40 raw HTTP/2 connections (HEADERS without ``grpc-timeout``, the 5-byte
   prefix, then a byte every 2 s, never END_STREAM; a stream the server ends is opened again) plus 200
@@ -374,6 +375,13 @@ def idle_connections(http_port: int, normal: NormalClient, count: int, seconds: 
     print(f"  {count} idle connections held {seconds:.0f} s: {opened} opened, {closed} closed by the server")
 
 
+def alone(normal: NormalClient, seconds: float) -> None:
+    """The normal client with no attack: what the machine's own load costs it."""
+    with normal:
+        time.sleep(seconds)
+    normal.report("no attack")
+
+
 def at_rest(server: subprocess.Popen, pids: list[int], seconds: float) -> None:
     """CPU seconds per minute the started server spends with no client at all."""
     procs = [server.pid, *pids]
@@ -400,9 +408,9 @@ def main() -> None:
     ap.add_argument(
         "--rest-seconds", type=float, default=30.0, help="seconds the server's CPU at rest is read"
     )
-    ap.add_argument(
-        "--phases", default="rest,held,rest_gzip,grpc_gzip,flood,idle", help="what to run, in order"
-    )
+    ap.add_argument("--alone", type=float, default=20.0, help="seconds of the normal client with no attack")
+    phases = "rest,alone,held,rest_gzip,grpc_gzip,flood,idle"
+    ap.add_argument("--phases", default=phases, help="what to run, in order")
     args = ap.parse_args()
     print_machine()
     budget = default_request_budget(WORKERS, MAX_MESSAGE)
@@ -428,6 +436,7 @@ def main() -> None:
 
             phases = {
                 "rest": lambda: at_rest(server, pids, args.rest_seconds),
+                "alone": lambda: alone(normal(), args.alone),
                 "held": lambda: held_streams(port, normal(), args.hold),
                 "rest_gzip": lambda: stalled_gzip_uploads(http_port, model.model_name, normal(), pids),
                 "grpc_gzip": lambda: gzip_messages(port, normal(), pids),
