@@ -90,12 +90,14 @@ class QueueLag:
         self._stop = threading.Event()
         self._active = threading.Event()  # set by a call arriving, cleared by the probes going quiet
         self._last_call = time.monotonic()
+        self.probes = 0  # probes sent so far (none while the server is at rest)
         self._threads: list[threading.Thread] = []
         self._channel: grpc.Channel | None = None
 
     def start(self, address: str) -> None:
         """Probes the server listening on ``address`` (its private socket) until :meth:`stop`."""
         self._channel = grpc.insecure_channel(address)
+        self._last_call = time.monotonic()  # the first second is probed: a server starts with a measured lag
         # One thread per method making blocking calls: a call made with ``future()`` starts a channel thread
         # each time (none lives between probes 50 ms apart), 40 thread starts a second in a busy process.
         for method in self.methods:
@@ -152,6 +154,7 @@ class QueueLag:
                     self._active.wait()
                 continue
             sent = time.monotonic()
+            self.probes += 1
             self._sent[method] = sent  # while it waits, the probe in the queue measures the lag
             try:
                 call(b"", metadata=((self.HEADER, f"{self._secret} {sent!r}"),), timeout=60)

@@ -161,6 +161,7 @@ class ReadWatch:
         self._quiet_since: float | None = None
         self._last_trim = 0.0
         self.memory_cancels = 0  # reads ended because the memory of messages arriving passed the limit
+        self.ticks = 0  # the watch's ticks so far (none while the worker is at rest)
 
     def start(self) -> None:
         if self.memory is not None:
@@ -300,6 +301,7 @@ class ReadWatch:
             memory.rebase()
 
     def _tick(self) -> None:
+        self.ticks += 1
         now = time.monotonic()
         with self._lock:
             reading = [r for r in self._reads if r.started and r.state == "waiting"]
