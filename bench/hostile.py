@@ -11,8 +11,8 @@ Exports the standard DLRM (the serving benches' package), starts ``recserve serv
   bytes longer than sent, stalled until the server answers (408 at ``--http-read-timeout``, 30 s);
 - ``grpc_gzip``: 24 gRPC messages at once, each 61 KB of gzip inflating to 60 MB;
 - ``flood``: 64 clients looping valid requests (512 examples) just under ``--max-message-mb``, ``--flood`` s;
-- ``idle``: 2,200 TCP connections to the REST port kept open (one the server closes is opened again) for
-  ``--idle-hold`` s.
+- ``idle``: 2,200 TCP connections to the REST port kept open for ``--idle-hold`` s (those the server closes
+  are opened again in waves, every 5 s).
 
 Throughout each attack a normal client calls gRPC Predict, health Check and REST infer in a loop (5 s
 deadlines) and counts its errors. For each worker the bench prints its resident memory growth (VmRSS, at the
@@ -53,15 +53,20 @@ from recserve.client.loadgen import build_requests  # noqa: E402
 from recserve.client.oip_requests import random_batch  # noqa: E402
 from recserve.server.transports.budget import default_request_budget  # noqa: E402
 from recserve.server.transports.reads import GROWTH_CONSTANT, READ_MEMORY_SLACK  # noqa: E402
-from tests.serving.hostile import HeldStreams, vm_kib  # noqa: E402
+from tests.serving.hostile import vm_kib  # noqa: E402
 
 PREDICT = "/recserve.v1.Predictor/Predict"
-REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 MIB = 1 << 20
 MAX_MESSAGE = 64 * MIB  # --max-message-mb's default
 WORKERS = 2
 CAP_MIB = 1024
-BIG = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+WAVE_SECONDS = 5.0  # idle connections the server closed are opened again this often, in one wave
+# Each client its own connection (gRPC Python shares one per target otherwise), spread over the workers.
+BIG = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.use_local_subchannel_pool", 1),
+]
 
 
 # -- the server's processes ----------------------------------------------------------------------------------
@@ -185,69 +190,27 @@ class NormalClient:
 # -- the attacks ---------------------------------------------------------------------------------------------
 
 
-class SilentReflection:
-    """``count`` ServerReflectionInfo streams from the stock gRPC client over ``channels`` connections that
-    never send a request; one the server ends is opened again until the block ends."""
-
-    def __init__(self, port: int, count: int = 200, channels: int = 40) -> None:
-        opts = [("grpc.use_local_subchannel_pool", 1)]
-        self._channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) for _ in range(channels)]
-        self._count = count
-        self._stop = threading.Event()
-        self._calls: list = []
-        self.ended: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _silence(self):
-        self._stop.wait()
-        return
-        yield  # a generator that never yields a request
-
-    def _open(self, i: int):
-        call = self._channels[i % len(self._channels)].stream_stream(REFLECTION)(self._silence())
-        call.add_done_callback(self._done)
-        return call
-
-    def _done(self, call) -> None:
-        if not self._stop.is_set():
-            code = call.code().name
-            self.ended[code] = self.ended.get(code, 0) + 1
-
-    def _run(self) -> None:
-        self._calls = [self._open(i) for i in range(self._count)]
-        while not self._stop.wait(0.5):
-            for i, call in enumerate(self._calls):
-                if call.done():
-                    self._calls[i] = self._open(i)
-
-    def __enter__(self) -> SilentReflection:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        for call in self._calls:
-            call.cancel()
-        for channel in self._channels:
-            channel.close()
-
-
 def held_streams(port: int, normal: NormalClient, seconds: float) -> None:
-    with (
-        HeldStreams(port, PREDICT, connections=40, streams=5) as predict,
-        SilentReflection(port, count=200, channels=40) as reflection,
-    ):
-        time.sleep(1.0)
-        with normal:
-            time.sleep(seconds)
-    normal.report("held streams")
-    s = predict.stats
-    print(
-        f"  held Predict streams: {s.streams_opened} opened, {s.streams_reset} ended by the server, "
-        f"grpc-status {s.statuses}"
+    """The attack runs in a process of its own (``tests/serving/hostile.py``), as another client would, so
+    that its 80 connections and 400 streams do not take this process's CPU from the normal client."""
+    attack = subprocess.Popen(
+        [sys.executable, "-m", "tests.serving.hostile", "held", str(port), str(seconds + 2.0)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    print(f"  silent reflection streams ended by the server: {reflection.ended}")
+    time.sleep(2.0)  # the streams opened
+    with normal:
+        time.sleep(seconds)
+    out, _ = attack.communicate(timeout=120)
+    normal.report("held streams")
+    stats = json.loads(out.strip().splitlines()[-1])
+    p, r = stats["predict"], stats["reflection"]
+    print(
+        f"  held Predict streams: {p['streams_opened']} opened, {p['streams_reset']} ended by the server, "
+        f"grpc-status {p['statuses']}"
+    )
+    print(f"  silent reflection streams: {r['opened']} opened, ended by the server {r['ended']}")
 
 
 def stalled_gzip_uploads(http_port: int, model_name: str, normal: NormalClient, pids: list[int]) -> None:
@@ -347,9 +310,10 @@ def max_size_flood(
 
 
 def idle_connections(http_port: int, normal: NormalClient, count: int, seconds: float) -> None:
-    """``count`` connections to the REST port that send nothing; one the server closes is opened again."""
+    """``count`` connections to the REST port that send nothing, opened in waves: every ``WAVE_SECONDS`` the
+    ones the server closed meanwhile (idle timeout, or to make room) are opened again, all at once."""
     sel = selectors.DefaultSelector()
-    opened = closed = 0
+    opened = closed = waves = 0
 
     def connect() -> None:
         nonlocal opened
@@ -358,21 +322,33 @@ def idle_connections(http_port: int, normal: NormalClient, count: int, seconds: 
         sel.register(sock, selectors.EVENT_READ)
         opened += 1
 
-    for _ in range(count):
-        connect()
+    def wave(n: int) -> None:
+        nonlocal waves
+        waves += 1
+        for _ in range(n):
+            connect()
+
+    wave(count)
     with normal:
         until = time.monotonic() + seconds
+        next_wave, gone = time.monotonic() + WAVE_SECONDS, 0
         while time.monotonic() < until:
             for key, _ in sel.select(0.2):
                 sel.unregister(key.fileobj)
                 key.fileobj.close()
                 closed += 1
-                connect()
+                gone += 1
+            if time.monotonic() >= next_wave:
+                wave(gone)
+                next_wave, gone = time.monotonic() + WAVE_SECONDS, 0
     for key in list(sel.get_map().values()):
         key.fileobj.close()
     sel.close()
     normal.report("idle rest connections")
-    print(f"  {count} idle connections held {seconds:.0f} s: {opened} opened, {closed} closed by the server")
+    print(
+        f"  {count} idle connections held {seconds:.0f} s in {waves} waves: {opened} opened, "
+        f"{closed} closed by the server"
+    )
 
 
 def alone(normal: NormalClient, seconds: float) -> None:
@@ -408,6 +384,7 @@ def main() -> None:
     ap.add_argument(
         "--rest-seconds", type=float, default=30.0, help="seconds the server's CPU at rest is read"
     )
+    ap.add_argument("--package", type=Path, help="the standard package, exported before (default: export it)")
     ap.add_argument("--alone", type=float, default=20.0, help="seconds of the normal client with no attack")
     phases = "rest,alone,held,rest_gzip,grpc_gzip,flood,idle"
     ap.add_argument("--phases", default=phases, help="what to run, in order")
@@ -419,7 +396,7 @@ def main() -> None:
     print(f"documented memory bound per worker MiB {bound / MIB:.0f}")
     print(f"memory cap per worker MiB {CAP_MIB}")
     with tempfile.TemporaryDirectory(prefix="recserve-hostile-") as tmp:
-        package = export_standard(Path(tmp) / "pkg")
+        package = args.package or export_standard(Path(tmp) / "pkg")
         port, http_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "recserve.cli", "serve", "--package", str(package), "--port", str(port)]
         cmd += ["--workers", str(WORKERS), "--http-port", str(http_port), "--metrics-port", "-1"]
@@ -449,7 +426,12 @@ def main() -> None:
             print(f"  load average at the end {os.getloadavg()[0]:.1f}")
         finally:
             server.terminate()
-            server.wait(60)
+            try:
+                server.wait(120)
+            except subprocess.TimeoutExpired:
+                print("  the server did not drain within 120 s; killed")
+                server.kill()
+                server.wait()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ handler starts (for a request stream: until the first message), which :func:`mes
   none is (a worker at rest spends no CPU on it); the first call after a quiet spell wakes it.
 - **Streaming pools** (``clock_from_submit``): their calls may last for ever, so the pool is small, a call
   queues for a thread, and its read clock runs from the moment it was queued: one whose first message has
-  not come within the deadline ends, queued or not.
+  not come within the deadline ends, queued or not. At most ``max_calls`` run or queue at once; one more is
+  ended RESOURCE_EXHAUSTED as it arrives, so that streaming calls never fill gRPC's count of RPCs in flight
+  (``maximum_concurrent_rpcs``), which unary calls and health checks share.
 
 Handlers, admission and the request memory budget only see calls whose message is complete
 (:mod:`recserve.server.transports.status`).
@@ -387,17 +389,44 @@ class WatchedPool(futures.ThreadPoolExecutor):
         thread_name_prefix: str,
         streaming: bool = False,
         gated: bool = True,
+        max_calls: int | None = None,
     ) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self.watch = watch
         self._streaming = streaming
         self._gated = gated and not streaming
+        self.max_calls = max_calls
+        self._calls = 0  # calls running or queued here
+        self._calls_lock = threading.Lock()
+        self.refused = 0
 
     def submit(self, fn, /, *args, **kwargs) -> futures.Future:
         read = self.watch.register(
             args, clock_from_submit=self._streaming, bounded=self._gated or self._streaming
         )
+        if self.max_calls is not None and read is not None:
+            with self._calls_lock:
+                full = self._calls >= self.max_calls
+                if not full:
+                    self._calls += 1
+            if full:
+                return self._refuse(read)
         return super().submit(self._task, read, fn, args, kwargs)
+
+    def _refuse(self, read: _Read) -> futures.Future:
+        # Ended before it queues: calls that may last for ever (held streams) never pile up in gRPC's count
+        # of RPCs in flight, where they would crowd out unary calls and health checks.
+        self.refused += 1
+        self.watch.end(
+            read,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"server busy: {self.max_calls} streaming calls (health Watch, reflection) already open or "
+            "waiting in this worker (4 x --max-streaming-calls); retry with backoff",
+        )
+        self.watch.finish(read)
+        done: futures.Future = futures.Future()
+        done.set_result(None)
+        return done
 
     def _task(self, read: _Read | None, fn, args, kwargs):
         if read is not None:
@@ -407,6 +436,9 @@ class WatchedPool(futures.ThreadPoolExecutor):
         finally:
             if read is not None:
                 self.watch.finish(read)
+                if self.max_calls is not None:
+                    with self._calls_lock:
+                        self._calls -= 1
 
 
 _INFLATE_STEP = 1 << 20
