@@ -62,9 +62,10 @@ def test_calls_over_the_limit_are_refused_at_once_and_probes_still_answer(packag
 
 
 def test_grpc_level_refusals_are_counted(package, monkeypatch):
-    # One pool thread (no reading threads): while it is taken, gRPC itself refuses every other call
-    # ("Concurrent RPC limit").
-    monkeypatch.setattr("recserve.server.operations.app.READING_THREADS", 0)
+    # One pool thread (no reading threads, no room for streaming calls or refusals): while it is taken, gRPC
+    # itself refuses every other call ("Concurrent RPC limit").
+    for name in ("READING_THREADS", "STREAMING_QUEUE_FACTOR", "SHED_CALLS"):
+        monkeypatch.setattr(f"recserve.server.operations.app.{name}", 0)
     with running_server(package, max_inflight=1, grpc_threads=1, max_queue_delay_ms=1000) as server:
         client = PredictorClient(target(server))
         held = client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10)
