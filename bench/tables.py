@@ -29,6 +29,12 @@ TABLES: dict[str, list[str]] = {
     "checkpoint_io": [],
     "data_pipeline": [],
     "overload_burst": [],
+    "hostile": [
+        "held streams normal client errors",
+        "idle rest connections normal client errors",
+        "max-size requests worker 0 VmHWM growth MiB",
+        "at rest server CPU-s per minute",
+    ],
     "foreign_criteo": [],
     "freshness": [
         "freshness p50 s",

@@ -6,16 +6,22 @@ Each attack runs in background threads, is bounded in connections and time, and 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
+import grpc
 import h2.config
 import h2.connection
 import h2.events
 
 GRPC_HEADERS = [("content-type", "application/grpc"), ("te", "trailers")]
+PREDICT = "/recserve.v1.Predictor/Predict"
+REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 
 
 @dataclass
@@ -146,6 +152,56 @@ class HeldStreams:
                 self.stats.streams_reset += 1
 
 
+class SilentReflection:
+    """``count`` ServerReflectionInfo streams from the stock gRPC client over ``channels`` connections that
+    never send a request; one the server ends is opened again until the block ends."""
+
+    def __init__(self, port: int, count: int = 200, channels: int = 40) -> None:
+        opts = [("grpc.use_local_subchannel_pool", 1)]
+        self._channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) for _ in range(channels)]
+        self._count = count
+        self._stop = threading.Event()
+        self._calls: list = []
+        self.opened = 0
+        self.ended: dict[str, int] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _silence(self):
+        self._stop.wait()
+        return
+        yield  # a generator that never yields a request
+
+    def _open(self, i: int):
+        call = self._channels[i % len(self._channels)].stream_stream(REFLECTION)(self._silence())
+        call.add_done_callback(self._done)
+        self.opened += 1
+        return call
+
+    def _done(self, call) -> None:
+        if not self._stop.is_set():
+            code = call.code().name
+            self.ended[code] = self.ended.get(code, 0) + 1
+
+    def _run(self) -> None:
+        self._calls = [self._open(i) for i in range(self._count)]
+        while not self._stop.wait(0.5):
+            for i, call in enumerate(self._calls):
+                if call.done():
+                    self._calls[i] = self._open(i)
+
+    def __enter__(self) -> SilentReflection:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for call in self._calls:
+            call.cancel()
+        for channel in self._channels:
+            channel.close()
+
+
 def vm_kib(pid: int, field_name: str) -> int:
     """``VmRSS``/``VmHWM`` of a process in KiB, from /proc."""
     with open(f"/proc/{pid}/status") as f:
@@ -153,3 +209,22 @@ def vm_kib(pid: int, field_name: str) -> int:
             if line.startswith(field_name + ":"):
                 return int(line.split()[1])
     raise KeyError(field_name)
+
+
+def _held(port: int, seconds: float) -> None:
+    """Issue 43's held streams for ``seconds``: 200 Predict streams over 40 raw HTTP/2 connections and 200
+    silent reflection streams from the stock client over 40 more; prints what they saw as one JSON line."""
+    with (
+        HeldStreams(port, PREDICT, connections=40, streams=5) as predict,
+        SilentReflection(port, count=200, channels=40) as reflection,
+    ):
+        time.sleep(seconds)
+    stats = {
+        "predict": dataclasses.asdict(predict.stats),
+        "reflection": {"opened": reflection.opened, "ended": reflection.ended},
+    }
+    print(json.dumps(stats), flush=True)
+
+
+if __name__ == "__main__":  # python -m tests.serving.hostile held PORT SECONDS (bench/hostile.py runs it)
+    _held(int(sys.argv[2]), float(sys.argv[3]))

@@ -75,8 +75,26 @@ def test_streaming_calls_that_never_ask_take_their_own_pool_only_and_end_at_the_
         answered, errors = _normal_client(server, 2.0)
     assert errors == []
     assert answered > 10
-    # 4 streams run, the rest queue; each, running or queued, ends when its first message is late.
-    assert attack.stats.statuses.get(DEADLINE_EXCEEDED, 0) >= 40
+    # 4 streams run, 12 more queue; each, running or queued, ends when its first message is late; the other
+    # 24 are refused as they come.
+    assert attack.stats.statuses.get(DEADLINE_EXCEEDED, 0) >= 16
+    assert attack.stats.statuses.get(RESOURCE_EXHAUSTED, 0) >= 24
+
+
+def test_more_held_streams_than_grpcs_rpc_count_deny_no_unary_call_or_health_check(package):
+    """350 silent reflection streams and 50 held Predict streams: more than gRPC's count of RPCs in flight
+    (one per pool thread) would take if streaming calls were not bounded apart."""
+    with (
+        running_server(package, grpc_read_timeout_s=2.0, max_streaming_calls=2) as server,
+        HeldStreams(server.port, REFLECTION_PATH, connections=35, streams=10, send_prefix=False) as silent,
+        HeldStreams(server.port, PREDICT_PATH, connections=10, streams=5, interval_s=0.5) as held,
+    ):
+        time.sleep(1.0)
+        answered, errors = _normal_client(server, 3.0)
+    assert errors == []
+    assert answered > 10
+    assert silent.stats.statuses.get(RESOURCE_EXHAUSTED, 0) >= 300  # refused at once, past 8 per worker
+    assert set(held.stats.statuses) <= {DEADLINE_EXCEEDED}
 
 
 def test_gzip_compressed_requests_are_answered_as_plain_ones(package):

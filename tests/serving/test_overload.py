@@ -62,9 +62,10 @@ def test_calls_over_the_limit_are_refused_at_once_and_probes_still_answer(packag
 
 
 def test_grpc_level_refusals_are_counted(package, monkeypatch):
-    # One pool thread (no reading threads): while it is taken, gRPC itself refuses every other call
-    # ("Concurrent RPC limit").
-    monkeypatch.setattr("recserve.server.operations.app.READING_THREADS", 0)
+    # One pool thread (no reading threads, no room for streaming calls or refusals): while it is taken, gRPC
+    # itself refuses every other call ("Concurrent RPC limit").
+    for name in ("READING_THREADS", "STREAMING_QUEUE_FACTOR", "SHED_CALLS"):
+        monkeypatch.setattr(f"recserve.server.operations.app.{name}", 0)
     with running_server(package, max_inflight=1, grpc_threads=1, max_queue_delay_ms=1000) as server:
         client = PredictorClient(target(server))
         held = client._predictor.Predict.future(encode_predict_request(*random_batch(2)), timeout=10)
@@ -143,7 +144,12 @@ def test_a_burst_of_5000_calls_on_the_default_server_is_shed_and_counted(package
 def test_queue_lag_is_measured_by_the_servers_own_probes_only(package):
     with running_server(package) as server:
         lag = server.lag
-        assert wait_for(lambda: all(lag._sent[m] is None and lag._lag[m] > 0 for m in lag.methods), 10)
+
+        # lag.overloaded() is what each call asks as it arrives: probes run while calls come.
+        def measured() -> bool:
+            return not lag.overloaded() and all(lag._sent[m] is None and lag._lag[m] > 0 for m in lag.methods)
+
+        assert wait_for(measured, 10)
         assert not lag.overloaded() and lag.lag_s() < lag.target_s
         forged = ((QueueLag.HEADER, f"guess {time.monotonic() - 60!r}"),)
         assert not lag.is_probe(lag.methods[0], forged)
@@ -161,8 +167,28 @@ def test_a_probe_thread_whose_channel_closes_under_it_ends_quietly(package, monk
     monkeypatch.setattr(threading, "excepthook", crashed.append)
     with running_server(package) as server:
         lag = server.lag
+        lag.overloaded()  # a call arrived: the probes are awake
         lag._channel.close()  # as stop() does; the probe threads find it closed at their next call
         for thread in lag._threads:
             thread.join(10)
             assert not thread.is_alive()
         assert crashed == []
+
+
+def test_a_server_at_rest_sends_no_probes_and_the_first_call_wakes_them(package):
+    """Probes (and the read watch's ticks) cost CPU in every worker: they run only while calls arrive."""
+    with running_server(package) as server:
+        lag, watch = server.lag, server.read_watch
+        client = PredictorClient(target(server))
+        client.predict(*random_batch(2), timeout=10)
+
+        def quiet() -> bool:  # nothing sent or ticked over half a second
+            probes, ticks = lag.probes, watch.ticks
+            time.sleep(0.5)
+            return lag.probes == probes and watch.ticks == ticks
+
+        assert wait_for(quiet, 10)
+        probes = lag.probes
+        client.predict(*random_batch(2), timeout=10)
+        assert wait_for(lambda: lag.probes > probes, 5)  # probing again, and the call was answered
+        assert wait_for(quiet, 10)

@@ -53,6 +53,11 @@ HEALTH_SERVICES = ("", PREDICTOR_SERVICE, OIP_SERVICE)
 _MAX_PENDING_CALLS = 1 << 20
 # Pool threads beyond --grpc-threads for calls whose request message is still arriving.
 READING_THREADS = 256
+# Streaming calls (health Watch, reflection) running or queued per worker: this many times
+# --max-streaming-calls; more are refused as they arrive.
+STREAMING_QUEUE_FACTOR = 4
+# Room in gRPC's count of RPCs in flight for refusals on the shed pool and the queue-lag probes.
+SHED_CALLS = 64
 
 
 def load_runner(
@@ -198,7 +203,11 @@ class RecServer:
         )
         self._shed_pool = WatchedPool(2, self.read_watch, thread_name_prefix="grpc-shed", gated=False)
         self._streaming_pool = WatchedPool(
-            cfg.max_streaming_calls, self.read_watch, thread_name_prefix="grpc-stream", streaming=True
+            cfg.max_streaming_calls,
+            self.read_watch,
+            thread_name_prefix="grpc-stream",
+            streaming=True,
+            max_calls=STREAMING_QUEUE_FACTOR * cfg.max_streaming_calls,
         )
         self._server = self._build_grpc_server()
         self._admin = None if cfg.admin_port is None else build_admin_server(cfg, self.control, self.metrics)
@@ -266,7 +275,9 @@ class RecServer:
             options=options,
             # Past one RPC per pool thread gRPC itself refuses, on its polling thread (the cheapest refusal
             # there is, so a burst is shed at the rate it arrives); the interceptor counts those too.
-            maximum_concurrent_rpcs=threads,
+            # Streaming calls have a bounded share of their own (their pool refuses past it), so however many
+            # are held, the unary pool's threads stay reachable.
+            maximum_concurrent_rpcs=threads + self._streaming_pool.max_calls + SHED_CALLS,
         )
         decode_log = DecodeFailureLog()
         add_service(server, pb2, "Predictor", PredictorServicer(self.core, self.recommender), decode_log)

@@ -30,6 +30,10 @@ from recserve.server.operations.reload import Reloader
 
 logger = logging.getLogger(__name__)
 
+# A worker reads the control log every poll_s for BUSY_SECONDS after an action, every IDLE_POLL_S otherwise.
+BUSY_SECONDS = 5.0
+IDLE_POLL_S = 0.2
+
 # The errors a worker's apply can raise that keep their status code when the receiving worker reports them.
 _KNOWN_ERRORS = {cls.__name__: cls for cls in (PackageError, UnavailableError, InvalidRequestError)}
 
@@ -145,13 +149,20 @@ class SharedControl:
         return number
 
     def _follow(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            self._catch_up()
+        # Actions come in bursts (a reload, then the statistics a tool polls): the log is read every poll_s
+        # for a while after one, and every IDLE_POLL_S otherwise, so that a worker at rest barely wakes.
+        last = time.monotonic()
+        while not self._stop.wait(self._poll_s if time.monotonic() - last < BUSY_SECONDS else IDLE_POLL_S):
+            if self._catch_up():
+                last = time.monotonic()
 
-    def _catch_up(self) -> None:
+    def _catch_up(self) -> bool:
+        """Applies the actions logged since the last one applied; True if there were any."""
+        applied = self._applied
         while (action := _read_json(self._action_path(self._applied + 1))) is not None:
             self._applied += 1
             _write_json(self._ack_path(self._applied, self._index), self._apply(action))
+        return self._applied > applied
 
     def _apply(self, action: dict) -> dict:
         path = None if action["path"] is None else Path(action["path"])

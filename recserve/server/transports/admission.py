@@ -18,6 +18,8 @@ import time
 
 import grpc
 
+# Probes continue this long after the last call (a server at rest sends none).
+ACTIVE_SECONDS = 1.0
 # Handler threads kept free of admitted work, for health probes (exempt from the limit) and metadata calls.
 _MIN_SPARE_THREADS = 1
 
@@ -70,6 +72,10 @@ class QueueLag:
     the probe comes out of the queue (:meth:`is_probe`). The lag is the last probe's wait, or the wait of the
     probe still queued if longer. While it is above target, refusing every new call (microseconds each) lets
     the queue drain; the next probe through ends that.
+
+    A server at rest has no queue to measure: probes are sent only while calls arrive (one seen within
+    :data:`ACTIVE_SECONDS`), so an idle worker spends no CPU on them; the first call after a quiet spell
+    wakes them.
     """
 
     HEADER = "x-recserve-lag-probe"
@@ -82,12 +88,16 @@ class QueueLag:
         self._sent: dict[str, float | None] = dict.fromkeys(methods)  # send time of the probe in flight
         self._lag: dict[str, float] = dict.fromkeys(methods, 0.0)
         self._stop = threading.Event()
+        self._active = threading.Event()  # set by a call arriving, cleared by the probes going quiet
+        self._last_call = time.monotonic()
+        self.probes = 0  # probes sent so far (none while the server is at rest)
         self._threads: list[threading.Thread] = []
         self._channel: grpc.Channel | None = None
 
     def start(self, address: str) -> None:
         """Probes the server listening on ``address`` (its private socket) until :meth:`stop`."""
         self._channel = grpc.insecure_channel(address)
+        self._last_call = time.monotonic()  # the first second is probed: a server starts with a measured lag
         # One thread per method making blocking calls: a call made with ``future()`` starts a channel thread
         # each time (none lives between probes 50 ms apart), 40 thread starts a second in a busy process.
         for method in self.methods:
@@ -100,6 +110,7 @@ class QueueLag:
 
     def stop(self) -> None:
         self._stop.set()
+        self._active.set()  # wakes the probes that wait for calls
         if self._channel is not None:
             self._channel.close()  # ends a probe still waiting for its answer
         for thread in self._threads:
@@ -126,11 +137,24 @@ class QueueLag:
         return worst
 
     def overloaded(self) -> bool:
+        """At interception of every admitted method's call: True while the lag is over target."""
+        self._last_call = time.monotonic()
+        if not self._active.is_set():
+            self._active.set()
         return self.lag_s() > self.target_s
+
+    def _quiet(self) -> bool:
+        return time.monotonic() - self._last_call > ACTIVE_SECONDS
 
     def _run(self, method: str, call) -> None:
         while not self._stop.wait(self._interval_s):
+            if self._quiet():
+                self._active.clear()
+                if self._quiet():  # a call that came between the test and the clear set it again
+                    self._active.wait()
+                continue
             sent = time.monotonic()
+            self.probes += 1
             self._sent[method] = sent  # while it waits, the probe in the queue measures the lag
             try:
                 call(b"", metadata=((self.HEADER, f"{self._secret} {sent!r}"),), timeout=60)

@@ -21,9 +21,13 @@ handler starts (for a request stream: until the first message), which :func:`mes
   whole message for each read holding a slot is under :func:`read_memory_limit`, and past the limit the
   oldest reads still arriving are ended RESOURCE_EXHAUSTED, enough to free the excess. A held stream holds a
   few bytes: it costs nothing here until memory is short.
+- **Only while reads are held.** The watch ticks every 10 ms while calls are registered and sleeps when
+  none is (a worker at rest spends no CPU on it); the first call after a quiet spell wakes it.
 - **Streaming pools** (``clock_from_submit``): their calls may last for ever, so the pool is small, a call
   queues for a thread, and its read clock runs from the moment it was queued: one whose first message has
-  not come within the deadline ends, queued or not.
+  not come within the deadline ends, queued or not. At most ``max_calls`` run or queue at once; one more is
+  ended RESOURCE_EXHAUSTED as it arrives, so that streaming calls never fill gRPC's count of RPCs in flight
+  (``maximum_concurrent_rpcs``), which unary calls and health checks share.
 
 Handlers, admission and the request memory budget only see calls whose message is complete
 (:mod:`recserve.server.transports.status`).
@@ -153,11 +157,13 @@ class ReadWatch:
         self._reads: set[_Read] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a read registers: the watch sleeps while none is held
         self._thread: threading.Thread | None = None
         self._warned = False
         self._quiet_since: float | None = None
         self._last_trim = 0.0
         self.memory_cancels = 0  # reads ended because the memory of messages arriving passed the limit
+        self.ticks = 0  # the watch's ticks so far (none while the worker is at rest)
 
     def start(self) -> None:
         if self.memory is not None:
@@ -167,6 +173,7 @@ class ReadWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -182,6 +189,8 @@ class ReadWatch:
         read = _Read(call, outcome, time.monotonic() if clock_from_submit else 0.0, bounded)
         with self._lock:
             self._reads.add(read)
+        if not self._wake.is_set():
+            self._wake.set()
         return read
 
     def _may_start(self) -> bool:
@@ -263,25 +272,54 @@ class ReadWatch:
 
     # -- the watch's thread -----------------------------------------------------------------------------
 
+    def _at_rest(self) -> bool:
+        """No read registered and nothing left to settle (a baseline to re-take): the watch may sleep."""
+        if self._reads:
+            return False
+        return self.memory is None or (self._quiet_since is None and self._growth < self.memory_limit // 8)
+
     def _run(self) -> None:
-        while not self._stop.wait(_TICK_SECONDS):
-            now = time.monotonic()
-            with self._lock:
-                reading = [r for r in self._reads if r.started and r.state == "waiting"]
-            excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
-            for read in reading:
-                waited = now - read.started
-                if waited >= self.read_timeout_s:
-                    self.end(
-                        read,
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"request message: not received within {self.read_timeout_s:g} s "
-                        "(--grpc-read-timeout)",
-                    )
-                elif waited >= FAST_READ_SECONDS and read.slot:
-                    self._free_slot(read)  # a slow sender: its slot goes to the next read
-            if excess > 0:
-                self._end_for_memory(now, reading, excess)
+        # Ticks only while reads are registered (and until the baseline settles after them): a worker at rest
+        # spends no CPU here, and the first call after a quiet spell wakes the watch.
+        while not self._stop.is_set():
+            if self._at_rest():
+                self._wake.clear()
+                if self._at_rest():  # a read that registered between the test and the clear set it again
+                    self._wake.wait()
+                if self._stop.is_set():
+                    return
+                self._woken()
+            else:
+                self._stop.wait(_TICK_SECONDS)
+            self._tick()
+
+    def _woken(self) -> None:
+        """After a quiet spell: memory that grew meanwhile with nothing held for requests (a reload's larger
+        model, heap kept by the allocator) is the new baseline, as the ticks would have made it."""
+        memory = self.memory
+        if memory is None or (self._budget is not None and self._budget.used > 0):
+            return
+        if memory.growth() >= self.memory_limit // 8:
+            memory.rebase()
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        now = time.monotonic()
+        with self._lock:
+            reading = [r for r in self._reads if r.started and r.state == "waiting"]
+        excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
+        for read in reading:
+            waited = now - read.started
+            if waited >= self.read_timeout_s:
+                self.end(
+                    read,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"request message: not received within {self.read_timeout_s:g} s (--grpc-read-timeout)",
+                )
+            elif waited >= FAST_READ_SECONDS and read.slot:
+                self._free_slot(read)  # a slow sender: its slot goes to the next read
+        if excess > 0:
+            self._end_for_memory(now, reading, excess)
 
     def _end_for_memory(self, now: float, reading: list[_Read], excess: int) -> None:
         """Ends the oldest reads still arriving, enough of them to free ``excess`` bytes if each held a whole
@@ -351,17 +389,44 @@ class WatchedPool(futures.ThreadPoolExecutor):
         thread_name_prefix: str,
         streaming: bool = False,
         gated: bool = True,
+        max_calls: int | None = None,
     ) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self.watch = watch
         self._streaming = streaming
         self._gated = gated and not streaming
+        self.max_calls = max_calls
+        self._calls = 0  # calls running or queued here
+        self._calls_lock = threading.Lock()
+        self.refused = 0
 
     def submit(self, fn, /, *args, **kwargs) -> futures.Future:
         read = self.watch.register(
             args, clock_from_submit=self._streaming, bounded=self._gated or self._streaming
         )
+        if self.max_calls is not None and read is not None:
+            with self._calls_lock:
+                full = self._calls >= self.max_calls
+                if not full:
+                    self._calls += 1
+            if full:
+                return self._refuse(read)
         return super().submit(self._task, read, fn, args, kwargs)
+
+    def _refuse(self, read: _Read) -> futures.Future:
+        # Ended before it queues: calls that may last for ever (held streams) never pile up in gRPC's count
+        # of RPCs in flight, where they would crowd out unary calls and health checks.
+        self.refused += 1
+        self.watch.end(
+            read,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"server busy: {self.max_calls} streaming calls (health Watch, reflection) already open or "
+            "waiting in this worker (4 x --max-streaming-calls); retry with backoff",
+        )
+        self.watch.finish(read)
+        done: futures.Future = futures.Future()
+        done.set_result(None)
+        return done
 
     def _task(self, read: _Read | None, fn, args, kwargs):
         if read is not None:
@@ -371,6 +436,9 @@ class WatchedPool(futures.ThreadPoolExecutor):
         finally:
             if read is not None:
                 self.watch.finish(read)
+                if self.max_calls is not None:
+                    with self._calls_lock:
+                        self._calls -= 1
 
 
 _INFLATE_STEP = 1 << 20
