@@ -12,7 +12,8 @@ The served/in-process ratio that a machine given wholly to the server would show
 over the served cost (the load generator's own CPU, printed too, is not counted: the issue measures from
 another machine).
 
-    .venv/bin/python bench/serve_cpu_cost.py [--duration 10] [--concurrency 32] [--workers 2] [--server-path DIR]
+    .venv/bin/python bench/serve_cpu_cost.py [--duration 10] [--concurrency 32] [--workers 2]
+        [--server-path DIR]
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ def main() -> None:
     ap.add_argument(
         "--server-path",
         default="",
-        help="run the server from this checkout (its PYTHONPATH), e.g. a worktree of an older commit, so that "
-        "two versions are measured with the same load generator",
+        help="run the server from this checkout (its PYTHONPATH), e.g. a worktree of an older commit, so "
+        "that two versions are measured with the same load generator",
     )
     ap.add_argument(
         "--profile",
