@@ -15,13 +15,17 @@ import multiprocessing
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from recserve.client.client import PredictorClient, ServedModel
-from recserve.server.transports.codec import encode_predict_request
+if TYPE_CHECKING:
+    from recserve.client.client import ServedModel
+
+# torch, the client and the codec are imported where requests are built, not at module level: each caller
+# process imports this module, and what it imports is CPU it spends beside the server it measures.
 
 PREDICT_METHOD = "/recserve.v1.Predictor/Predict"
 
@@ -74,7 +78,10 @@ def build_requests(
     model: ServedModel, batch: int, count: int, ids_per_feature: int, seed: int
 ) -> list[bytes]:
     """``count`` serialized PredictRequests of ``batch`` examples fitting ``model``'s schema."""
+    import torch
+
     from recserve.client.oip_requests import random_batch
+    from recserve.server.transports.codec import encode_predict_request
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -147,17 +154,23 @@ def _process_main(
 
 def requests_for(cfg: LoadgenConfig, count: int = 16) -> list[bytes]:
     """``count`` serialized requests fitting the schema the server at ``cfg.target`` reports."""
+    from recserve.client.client import PredictorClient
+
     with PredictorClient(cfg.target) as client:
         client.wait_ready(30)
         model = client.metadata()
     return build_requests(model, cfg.request_batch, count, cfg.ids_per_feature, cfg.seed)
 
 
-def fan_out(target, process_args: list[tuple], wait_s: float) -> tuple[np.ndarray, dict[str, int]]:
+def fan_out(
+    target, process_args: list[tuple], wait_s: float, on_go: Callable[[float], None] | None = None
+) -> tuple[np.ndarray, dict[str, int]]:
     """Runs ``target(*args, ready, go, results)`` in one spawned process per ``args``; all start together.
 
     Each process sets ``ready`` once connected, waits for ``go``, and puts ``(latencies, errors)`` on
-    ``results``; the latencies and error counts of all of them are returned together.
+    ``results``; the latencies and error counts of all of them are returned together. ``on_go(t0)`` is
+    called with the ``time.perf_counter()`` instant of the start (the clock every process shares on Linux),
+    so a caller can measure exactly the processes' window (a bench reading CPU time).
     """
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
@@ -170,6 +183,8 @@ def fan_out(target, process_args: list[tuple], wait_s: float) -> tuple[np.ndarra
     for ready in readies:
         ready.wait(120)
     go.set()
+    if on_go is not None:
+        on_go(time.perf_counter())
     latencies: list[float] = []
     errors: Counter = Counter()
     for _ in procs:
@@ -181,8 +196,13 @@ def fan_out(target, process_args: list[tuple], wait_s: float) -> tuple[np.ndarra
     return np.asarray(latencies), dict(errors)
 
 
-def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> LoadgenResult:
-    """Runs one closed-loop load test against ``cfg.target``."""
+def run_loadgen(
+    cfg: LoadgenConfig,
+    requests: list[bytes] | None = None,
+    on_go: Callable[[float], None] | None = None,
+) -> LoadgenResult:
+    """Runs one closed-loop load test against ``cfg.target``; ``on_go`` as :func:`fan_out` calls it (the
+    measured window is ``cfg.warmup_s`` to ``cfg.warmup_s + cfg.duration_s`` after its argument)."""
     if requests is None:
         requests = requests_for(cfg)
     nproc = cfg.processes or min(cfg.concurrency, os.cpu_count() or 1)
@@ -192,7 +212,7 @@ def run_loadgen(cfg: LoadgenConfig, requests: list[bytes] | None = None) -> Load
         for i, callers in enumerate(s for s in shares if s)
     ]
     wait_s = cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120
-    latencies, errors = fan_out(_process_main, process_args, wait_s)
+    latencies, errors = fan_out(_process_main, process_args, wait_s, on_go)
     return LoadgenResult(cfg.concurrency, cfg.duration_s, cfg.request_batch, latencies, errors)
 
 

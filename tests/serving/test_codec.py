@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -168,3 +169,16 @@ def test_missing_feature_is_named():
     kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
     with pytest.raises(InvalidRequestError, match="missing feature 'c'"):
         check_request(decode_predict_request(encode_predict_request(torch.zeros(1, 4), kjt)), schema())
+
+
+def test_encode_raw_of_views_and_other_dtypes_matches_the_general_path():
+    from recserve.server.dataplane.arrays import encode_raw
+
+    scores = torch.arange(12, dtype=torch.float32) / 7
+    for view in (*torch.split(scores, [5, 7]), scores[::3], scores.reshape(3, 4).t()):
+        expected = np.ascontiguousarray(view.numpy()).astype("<f4").tobytes()
+        assert encode_raw(view, "float32") == expected
+    # Other dtypes and tensors that need grad take the general path: converted, detached.
+    assert encode_raw(scores.double(), "float32") == scores.numpy().astype("<f4").tobytes()
+    assert encode_raw(scores.clone().requires_grad_(), "float32") == scores.numpy().astype("<f4").tobytes()
+    assert encode_raw(torch.tensor([1, -2]), "int32") == np.array([1, -2], dtype="<i4").tobytes()
