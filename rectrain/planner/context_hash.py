@@ -57,8 +57,9 @@ def _hashable_list(
     search_space = getattr(enumerator, "last_stored_search_space", None)
     if search_space is None:
         raise ValueError("hashing a planner's context needs an enumerator that has enumerated a search space")
-    reserved = storage_reservation.last_reserved_topology
-    if reserved is None:
+    # No reservation hashes as such; a reservation must have reserved (its topology is what planning saw).
+    reserved = storage_reservation and storage_reservation.last_reserved_topology
+    if storage_reservation is not None and reserved is None:
         raise ValueError("hashing a planner's context needs a storage reservation that has reserved")
     options = [
         [o.fqn, o.sharding_type, o.compute_kernel, tuple(map(_shard_components, o.shards)), o.cache_params]
@@ -69,7 +70,7 @@ def _hashable_list(
         batch_size,
         options,
         type(storage_reservation).__name__,
-        hash_sha256_to_int(_topology_components(reserved)),
+        hash_sha256_to_int(_topology_components(reserved)) if reserved else None,
         tuple((k, hash(v)) for k, v in sorted(constraints.items())) if constraints else None,
     ]
 

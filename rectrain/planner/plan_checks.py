@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from rectrain.distributed.planner.utils import sharder_name
+from rectrain.planner.sharder_data import sharder_name
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.types import EmbeddingComputeKernel

@@ -27,10 +27,12 @@ from torch import nn
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.constraints import ParameterConstraints
+from rectrain.planner.context_hash import hash_planner_context_inputs, hash_planner_context_inputs_str
 from rectrain.planner.enumerate import EmbeddingEnumerator
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.partition import PartitionFailure, Placement, partition
 from rectrain.planner.perf import estimate_perf
+from rectrain.planner.plan_checks import extract_plan
 from rectrain.planner.plan import ShardingPlan
 from rectrain.planner.proposers import (
     Proposal,
@@ -64,9 +66,14 @@ class EmbeddingShardingPlanner:
     ``fused_optimizer`` sizes the optimizer state. ``max_search_evaluations`` bounds the local search
     (placements tried), and so planning time. ``storage_estimator(option, topology, optimizer)`` gives each
     shard's bytes in the memory the topology bounds (``Topology.capacity``); default: rectrain's measured
-    rule, ``storage.estimate_storage``. TorchRec's ``enumerator``, ``proposer``, ``partitioner``,
-    ``performance_model``, ``callbacks``, ``timeout_seconds`` and ``plan_loader`` are refused when given:
-    the search is rectrain's (module doc).
+    rule, ``storage.estimate_storage``. ``enumerator`` may be an :class:`EmbeddingEnumerator` (the one
+    enumerator; its ``last_stored_search_space`` is part of the context hash) and ``performance_model`` a
+    ``NoopPerfModel`` (the slowest rank's seconds: the first key of the search's score). ``plan_loader``
+    (TorchRec's ``PlanLoader``) supplies a stored plan: when its context hash equals
+    :meth:`hash_planner_context_inputs_str` its options are the plan, else planning fails with
+    ``PLANNER_INPUT_CONTEXT_MISMATCH``. TorchRec's ``proposer``, ``partitioner``, ``callbacks``,
+    ``timeout_seconds``, other enumerators and performance models are refused when given: the search is
+    rectrain's (module doc).
     """
 
     def __init__(
@@ -89,18 +96,21 @@ class EmbeddingShardingPlanner:
         max_search_evaluations: int = 256,
         storage_estimator: StorageEstimator = estimate_storage,
     ) -> None:
+        from rectrain.distributed.planner.perf_models import NoopPerfModel
+
         given = {
-            "enumerator": enumerator, "proposer": proposer, "partitioner": partitioner,
-            "performance_model": performance_model, "callbacks": callbacks,
-            "timeout_seconds": timeout_seconds, "plan_loader": plan_loader,
+            "enumerator": None if type(enumerator) is EmbeddingEnumerator else enumerator,
+            "proposer": proposer, "partitioner": partitioner, "callbacks": callbacks,
+            "performance_model": None if type(performance_model) is NoopPerfModel else performance_model,
+            "timeout_seconds": timeout_seconds,
         }  # fmt: skip
         refused = sorted(name for name, value in given.items() if value)
         if refused:
             raise ConfigError(
                 f"EmbeddingShardingPlanner({', '.join(refused)}=...): rectrain's planner searches with its "
                 "own proposals and partitioner (rectrain.planner.planner); it takes topology, batch_size, "
-                "storage_reservation, stats, constraints, debug, fused_optimizer, max_search_evaluations and "
-                "storage_estimator"
+                "an EmbeddingEnumerator, storage_reservation, a NoopPerfModel, stats, constraints, debug, "
+                "plan_loader, fused_optimizer, max_search_evaluations and storage_estimator"
             )
         if topology is None:
             topology = _default_topology()
@@ -118,7 +128,8 @@ class EmbeddingShardingPlanner:
         self._storage_reservation = storage_reservation
         self._stats = [EmbeddingStats()] if stats is None else (stats if isinstance(stats, list) else [stats])
         self._debug = debug
-        self._enumerator = EmbeddingEnumerator(topology, batch_size)
+        self._enumerator = enumerator or EmbeddingEnumerator(topology, batch_size)
+        self._plan_loader = plan_loader
         # The last plan's search, as TorchRec's planner keeps it.
         self._num_proposals = self._num_plans = 0
         self._best_plan: list[ShardingOption] | None = None
@@ -126,6 +137,19 @@ class EmbeddingShardingPlanner:
     @property
     def topology(self) -> Topology:
         return self._topology
+
+    def hash_planner_context_inputs(self) -> int:
+        """A hash of the topology, batch size, enumerated search space, storage reservation and constraints:
+        what a stored plan must have been made from to be reused (TorchRec's)."""
+        return hash_planner_context_inputs(
+            self._topology, self._batch_size, self._enumerator, self._storage_reservation, self._constraints
+        )
+
+    def hash_planner_context_inputs_str(self) -> str:
+        """:meth:`hash_planner_context_inputs` as a hex string (what a ``PlanLoader`` stores)."""
+        return hash_planner_context_inputs_str(
+            self._topology, self._batch_size, self._enumerator, self._storage_reservation, self._constraints
+        )
 
     def plan(
         self, module: nn.Module | dict[str, list[BaseEmbeddingConfig]], sharders: list | None = None
@@ -161,10 +185,12 @@ class EmbeddingShardingPlanner:
             [self._estimate(o) for o in opts]
             for opts in self._enumerator.enumerate_tables(tables, self._constraints, offered)
         ]
-        options = [self._drop_oversized(opts) for opts in options]
-        placement = self._search(options)
-        plan = _to_plan(placement, tables, self._topology)
-        self._best_plan = placement.options
+        loaded = self._load_plan([o for opts in options for o in opts])
+        if loaded:
+            self._best_plan = loaded
+        else:
+            self._best_plan = self._search([self._drop_oversized(opts) for opts in options]).options
+        plan = _to_plan(self._best_plan, tables, self._topology)
         for stats in self._stats:
             stats.log(
                 sharding_plan=plan, topology=self._topology, batch_size=self._batch_size,
@@ -201,6 +227,24 @@ class EmbeddingShardingPlanner:
         if "error" in data:
             raise PlannerError(f"planning failed on rank 0: {data['error']}")
         return ShardingPlan.from_dict(data)
+
+    def _load_plan(self, search_space: list[ShardingOption]) -> list[ShardingOption]:
+        """The plan loader's options merged into ``search_space`` ([] without a loader or a stored plan);
+        a stored plan made from other inputs is refused, as TorchRec's planner does."""
+        if self._plan_loader is None:
+            return []
+        current, stored = self.hash_planner_context_inputs_str(), self._plan_loader.plan_context_hash()
+        if current != stored:
+            raise PlannerError(
+                f"planner input mismatch: the stored plan was made for context hash {stored}, this planner's "
+                f"inputs hash to {current}",
+                PlannerErrorType.PLANNER_INPUT_CONTEXT_MISMATCH,
+            )
+        loaded = self._plan_loader.load()
+        if loaded is None:
+            return []
+        logger.info("using the stored plan %s, no search", self._plan_loader.get_plan_id())
+        return extract_plan(search_space, loaded)
 
     def _estimate(self, option: ShardingOption) -> ShardingOption:
         storage = self._storage_estimator(option, self._topology, self._optimizer)
@@ -322,10 +366,10 @@ def _reserved(reservation: Any) -> str:
 
 
 def _to_plan(
-    placement: Placement, tables: dict[str, list[BaseEmbeddingConfig]], topology: Topology
+    options: list[ShardingOption], tables: dict[str, list[BaseEmbeddingConfig]], topology: Topology
 ) -> ShardingPlan:
     plan: dict[str, dict[str, ParameterSharding]] = {path: {} for path in sorted(tables)}
-    for option in placement.options:
+    for option in options:
         if option.sharding_type == ShardingType.DATA_PARALLEL:
             ranks = list(range(topology.world_size))
         else:

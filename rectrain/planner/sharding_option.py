@@ -152,7 +152,12 @@ class ShardingOption:
         self.stochastic_rounding = stochastic_rounding
         self.bounds_check_mode = bounds_check_mode
         self.dependency = dependency
-        self._is_pooled = is_pooled if is_pooled is not None else self.module_pooled(module[1], name)
+        if is_pooled is None and module[1] is None:
+            # Planned from table configs (``for_table``), not a module: the table's kind says (None: unknown).
+            is_pooled = isinstance(table, EmbeddingBagConfig) if table is not None else None
+        elif is_pooled is None:
+            is_pooled = self.module_pooled(module[1], name)
+        self._is_pooled = is_pooled
         self.feature_names = feature_names
         self.output_dtype = output_dtype
         self.key_value_params = key_value_params

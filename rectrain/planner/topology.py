@@ -235,6 +235,10 @@ class Topology:
             raise ConfigError(f"local_world_size must be a positive int, got {self.local_world_size!r}")
         if self.pod_size and self.pod_size > self.world_size:
             raise ConfigError(f"pod_size={self.pod_size} cannot be greater than world_size={self.world_size}")
+        if self.world_size < self.local_world_size:
+            # A job smaller than one host (TorchRec accepts world_size=1, local_world_size=8): it runs
+            # world_size ranks on that one host.
+            self.local_world_size = self.world_size
         if self.world_size % self.local_world_size != 0:
             raise ConfigError(
                 f"world_size ({self.world_size}) must be a multiple of local_world_size "
