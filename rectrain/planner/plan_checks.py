@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from rectrain.planner.sharder_data import sharder_name
 from rectrain.planner.errors import PlannerError, PlannerErrorType
+from rectrain.planner.sharder_data import sharder_name
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.types import EmbeddingComputeKernel
 

@@ -32,8 +32,8 @@ from rectrain.planner.enumerate import EmbeddingEnumerator
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.partition import PartitionFailure, Placement, partition
 from rectrain.planner.perf import estimate_perf
-from rectrain.planner.plan_checks import extract_plan
 from rectrain.planner.plan import ShardingPlan
+from rectrain.planner.plan_checks import extract_plan
 from rectrain.planner.proposers import (
     Proposal,
     Score,

@@ -299,7 +299,8 @@ def test_malformed_http_is_400_and_logged_once_per_interval(package, caplog):
     assert not [r for r in caplog.records if r.name.startswith("aiohttp")], caplog.text
     assert not [r for r in caplog.records if r.exc_info], caplog.text
     # Other tests' gRPC servers in this process may log their own (gRPC) undecodable lines meanwhile.
-    lines = [r for r in caplog.records if "undecodable request" in (m := r.getMessage()) and "HTTP request" in m]
+    messages = [r.getMessage() for r in caplog.records]
+    lines = [m for m in messages if "undecodable request" in m and "HTTP request" in m]
     assert len(lines) == 1, caplog.text
 
 
