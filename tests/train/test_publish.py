@@ -136,19 +136,25 @@ def test_a_restarted_run_cuts_a_new_base_from_its_checkpoint(tmp_path):
     assert steps  # the resumed run logged
 
 
-def test_touched_rows_keep_the_batches_still_in_flight():
+def _one_table_batches():
+    """TouchedRows over one 10-row table, and a batch of the given ids of its one feature."""
     from rectrain.embedding import EmbeddingBagConfig
     from rectrain.models.batch import Batch
     from rectrain.sparse import KeyedJaggedTensor
 
     tables = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])]
-    touched = TouchedRows(tables)
 
     def batch(ids: list[int]) -> Batch:
         kjt = KeyedJaggedTensor.from_lengths_sync(
             ["f"], torch.tensor(ids), torch.ones(len(ids), dtype=torch.int32)
         )
         return Batch(torch.zeros(len(ids), 1), kjt, torch.zeros(len(ids)))
+
+    return TouchedRows(tables), batch
+
+
+def test_touched_rows_keep_the_batches_still_in_flight():
+    touched, batch = _one_table_batches()
 
     stream = touched.observe(iter([batch([1, 2]), batch([3, 99]), batch([4]), batch([5]), batch([6])]))
     next(stream), next(stream)
@@ -161,18 +167,7 @@ def test_touched_rows_keep_the_batches_still_in_flight():
 
 
 def test_touched_rows_mark_again_only_the_batches_not_trained_yet():
-    from rectrain.embedding import EmbeddingBagConfig
-    from rectrain.models.batch import Batch
-    from rectrain.sparse import KeyedJaggedTensor
-
-    tables = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])]
-    touched = TouchedRows(tables)
-
-    def batch(ids: list[int]) -> Batch:
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            ["f"], torch.tensor(ids), torch.ones(len(ids), dtype=torch.int32)
-        )
-        return Batch(torch.zeros(len(ids), 1), kjt, torch.zeros(len(ids)))
+    touched, batch = _one_table_batches()
 
     stream = touched.observe(iter([batch([1]), batch([2]), batch([3]), batch([4])]))
     next(stream), next(stream), next(stream)  # fetched three, one trained
