@@ -35,9 +35,9 @@ from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.sharder_data import SharderData, StorageUsageType
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Storage, Topology
-from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+from rectrain.planner.types import ID_BYTES, EmbeddingComputeKernel, ShardingType
 
-BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
+BIGINT_DTYPE: int = ID_BYTES  # TorchRec's name
 NUM_POOLINGS: float = 1.0  # poolings per example per feature when the constraints give none
 UVM_CACHING_RATIO: float = 0.2  # share of a UVM-cached table's rows its HBM cache holds by default
 KV_CACHING_RATIO: float = 0.2  # the same for key-value (virtual) tables
