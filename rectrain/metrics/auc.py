@@ -15,10 +15,8 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from rectrain.metrics.metrics_config import RecComputeMode, RecTaskInfo
 from rectrain.metrics.metrics_namespace import MetricName, MetricNamespace, MetricPrefix
 from rectrain.metrics.rec_metric import (
     MetricComputationReport,
@@ -223,32 +221,7 @@ class AUCMetric(RecMetric):
     _namespace = MetricNamespace.AUC
     _computation_class = AUCMetricComputation
 
-    def __init__(
-        self,
-        world_size: int,
-        my_rank: int,
-        batch_size: int,
-        tasks: list[RecTaskInfo],
-        compute_mode: RecComputeMode = RecComputeMode.UNFUSED_TASKS_COMPUTATION,
-        window_size: int = 100,
-        fused_update_limit: int = 0,
-        compute_on_all_ranks: bool = False,
-        should_validate_update: bool = False,
-        process_group: dist.ProcessGroup | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            world_size=world_size,
-            my_rank=my_rank,
-            batch_size=batch_size,
-            tasks=tasks,
-            compute_mode=compute_mode,
-            window_size=window_size,
-            fused_update_limit=fused_update_limit,
-            compute_on_all_ranks=compute_on_all_ranks,
-            should_validate_update=should_validate_update,
-            process_group=process_group,
-            **kwargs,
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # RecMetric's arguments
+        super().__init__(*args, **kwargs)
         if kwargs.get("grouped_auc"):
             self._required_inputs.add(GROUPING_KEYS)

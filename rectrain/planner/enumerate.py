@@ -34,6 +34,7 @@ from rectrain.embedding.embedding_collection import EmbeddingCollection
 from rectrain.errors import ConfigError
 from rectrain.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 from rectrain.planner.constraints import POOLING_FACTOR, ParameterConstraints
+from rectrain.planner.perf import EmbeddingPerfEstimator
 from rectrain.planner.shard_estimators import EmbeddingStorageEstimator
 from rectrain.planner.shard_shapes import (
     CW_SHARD_DIMS,
@@ -78,7 +79,8 @@ class EmbeddingEnumerator:
         topology: the world to shard for.
         batch_size: per-rank batch size.
         constraints: ``{table name: ParameterConstraints}``.
-        estimator: one estimator or a list; default: :class:`EmbeddingStorageEstimator`.
+        estimator: one estimator or a list; default: the engine's :class:`EmbeddingPerfEstimator` and
+            TorchRec's storage rule, :class:`EmbeddingStorageEstimator`.
         use_exact_enumerate_order: visit modules in ``named_children`` order (default: TorchRec's
             depth-first order, which visits later children first).
     """
@@ -101,7 +103,10 @@ class EmbeddingEnumerator:
         # Key-value tables live on SSD; without any, their options could never be placed.
         self._has_ssd = any(getattr(d.storage, "ssd", 0) > 0 for d in topology.devices)
         if estimator is None:
-            estimator = EmbeddingStorageEstimator(topology=topology, constraints=constraints)
+            estimator = [
+                EmbeddingPerfEstimator(topology=topology, constraints=constraints),
+                EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+            ]
         self._estimators: list[Any] = estimator if isinstance(estimator, list) else [estimator]
         self._sharder_map: dict[str, Any] = {}
         self._sharder_data_map: dict[str, Any] = {}

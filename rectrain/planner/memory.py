@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.planner.plan import ShardingPlan
-from rectrain.planner.types import ShardingType
+from rectrain.planner.types import FP32_BYTES, GB, ID_BYTES, ShardingType
 
 PROCESS_BYTES = 490 * 10**6
 _COUNTER_BYTES = 4  # the CPU backward's per-row counter (rectrain.embedding.cpu_kernel)
-_ID_BYTES, _FLOAT_BYTES = 8, 4
-GB = 1e9
 
 
 @dataclass
@@ -77,10 +75,10 @@ def rank_memory(
                 memory = ranks[rank]
                 memory.tables += int(rows * cols * element)
                 state = 0 if optimizer is None else optimizer.state_floats_per_row(cols)
-                memory.optimizer += rows * state * _FLOAT_BYTES
+                memory.optimizer += rows * state * FP32_BYTES
                 # The global batch's ids of the table's features arrive here; 3 pooled buffers go back.
                 examples = batch_size * world * table.num_features
-                memory.working += rows * _COUNTER_BYTES + examples * (_ID_BYTES + 3 * cols * _FLOAT_BYTES)
+                memory.working += rows * _COUNTER_BYTES + examples * (ID_BYTES + 3 * cols * FP32_BYTES)
     return ranks
 
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from rectrain.embedding.config import BaseEmbeddingConfig, DataType, FusedOptimizerConfig
 from rectrain.errors import ConfigError
+from rectrain.planner.types import GB
 
-GB = 1e9
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
 
 

@@ -30,8 +30,10 @@ class Placement:
 
     @property
     def score(self) -> tuple[float, int]:
-        """What the planner minimises: the slowest rank's seconds, then the fullest rank's bytes."""
-        return (max(self.rank_perf), max(self.rank_storage))
+        """What the planner minimises: the slowest rank's seconds, then the fullest rank's bytes. Seconds
+        are compared to 12 significant digits, so that sums equal but for rounding (the same shards added
+        in another order) tie and the earlier proposal stays."""
+        return (float(f"{max(self.rank_perf):.12g}"), max(self.rank_storage))
 
 
 @dataclass

@@ -21,11 +21,13 @@ non-decreasing in the pooling factor, the rows and the columns, so larger tables
 
 from __future__ import annotations
 
+from typing import Any
+
 from rectrain.embedding.config import FusedOptimizerConfig
-from rectrain.planner.sharding_option import ShardingOption
-from rectrain.planner.storage import FP32_BYTES, element_bytes
+from rectrain.planner.sharding_option import Perf, ShardingOption
+from rectrain.planner.storage import element_bytes
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import EmbeddingComputeKernel, Shard, ShardingType
+from rectrain.planner.types import FP32_BYTES, EmbeddingComputeKernel, Shard, ShardingType
 from rectrain.planner.workload import shard_workload
 
 SHARD_OVERHEAD_SECONDS = 10e-6
@@ -33,12 +35,13 @@ SHARD_OVERHEAD_SECONDS = 10e-6
 
 def estimate_perf(option: ShardingOption, topology: Topology, optimizer: FusedOptimizerConfig) -> list[float]:
     """Seconds per iteration of every shard of ``option`` on its rank, in shard order."""
-    return [_shard_seconds(option, shard, topology, optimizer) for shard in option.shards]
+    return [shard_perf(option, shard, topology, optimizer).total for shard in option.shards]
 
 
-def _shard_seconds(
+def shard_perf(
     option: ShardingOption, shard: Shard, topology: Topology, optimizer: FusedOptimizerConfig
-) -> float:
+) -> Perf:
+    """The seconds of ``shard`` by stage (the per-shard overhead counts as forward compute)."""
     work = shard_workload(option, shard, topology)
     row_bytes = shard.num_cols * element_bytes(option)
     state_bytes = optimizer.state_floats_per_row(shard.num_cols) * FP32_BYTES
@@ -52,10 +55,10 @@ def _shard_seconds(
         world = topology.world_size
         table_bytes = shard.num_rows * shard.num_cols * FP32_BYTES
         all_reduce = 2 * table_bytes * (world - 1) / world / topology.comm_bw
-        return SHARD_OVERHEAD_SECONDS + fwd_compute + bwd_compute + all_reduce
-    input_dist = work.id_bytes / topology.comm_bw
+        return Perf(SHARD_OVERHEAD_SECONDS + fwd_compute, 0.0, bwd_compute, all_reduce)
     output_dist = _output_dist_seconds(option, work.output_bytes, topology)
-    return SHARD_OVERHEAD_SECONDS + fwd_compute + input_dist + output_dist + bwd_compute + output_dist
+    input_dist = work.id_bytes / topology.comm_bw
+    return Perf(SHARD_OVERHEAD_SECONDS + fwd_compute, output_dist, bwd_compute, output_dist, 0.0, input_dist)
 
 
 def _output_dist_seconds(option: ShardingOption, output_bytes: float, topology: Topology) -> float:
@@ -64,3 +67,23 @@ def _output_dist_seconds(option: ShardingOption, output_bytes: float, topology: 
     intra = output_bytes / (1000 * topology.intra_host_bw)  # the topology's bandwidths are bytes/ms
     inter = output_bytes / topology.local_world_size / (1000 * topology.inter_host_bw)
     return intra + inter
+
+
+class EmbeddingPerfEstimator:
+    """Sets ``shard.perf`` of every shard of the options to this model's :class:`Perf`, in milliseconds
+    (TorchRec's ``ShardEstimator`` for perf, and its unit); ``fused_optimizer`` sizes the optimizer's work."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        constraints: Any = None,
+        is_inference: bool = False,
+        fused_optimizer: FusedOptimizerConfig | None = None,
+    ) -> None:
+        self._topology = topology
+        self._optimizer = fused_optimizer or FusedOptimizerConfig()
+
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map: Any = None) -> None:
+        for option in sharding_options:
+            for shard in option.shards:
+                shard.perf = shard_perf(option, shard, self._topology, self._optimizer).scaled(1000)

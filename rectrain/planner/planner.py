@@ -66,7 +66,8 @@ class EmbeddingShardingPlanner:
     ``fused_optimizer`` sizes the optimizer state. ``max_search_evaluations`` bounds the local search
     (placements tried), and so planning time. ``storage_estimator(option, topology, optimizer)`` gives each
     shard's bytes in the memory the topology bounds (``Topology.capacity``); default: rectrain's measured
-    rule, ``storage.estimate_storage``. ``enumerator`` may be an :class:`EmbeddingEnumerator` (the one
+    rule, ``storage.estimate_storage`` (TorchRec's: ``shard_estimators.estimate_storage_torchrec``).
+    ``enumerator`` may be an :class:`EmbeddingEnumerator` (the one
     enumerator; its ``last_stored_search_space`` is part of the context hash) and ``performance_model`` a
     ``NoopPerfModel`` (the slowest rank's seconds: the first key of the search's score). ``plan_loader``
     (TorchRec's ``PlanLoader``) supplies a stored plan: when its context hash equals

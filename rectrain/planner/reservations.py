@@ -18,8 +18,8 @@ from torch import nn
 
 from rectrain.planner.errors import PlannerError, PlannerErrorType
 from rectrain.planner.topology import Storage, Topology
+from rectrain.planner.types import ID_BYTES
 
-_ID_BYTES = 8  # int64 ids
 _KJT_MULTIPLIER = 20  # TorchRec's allowance for the input's copies through the pipeline
 
 
@@ -94,7 +94,7 @@ class FixedPercentageStorageReservation:
             hbm = int((1 - self._percentage) * device.storage.hbm)
             device.storage.hbm = max(0, hbm - self._hbm_bytes) if self._hbm_bytes else hbm
         inputs, _ = _get_batch_inputs_and_shardable_parameters(module, sharders, batch_size, constraints)
-        self._kjt_storage = _get_kjt_storage(topology, inputs, _ID_BYTES, _KJT_MULTIPLIER)
+        self._kjt_storage = _get_kjt_storage(topology, inputs, ID_BYTES, _KJT_MULTIPLIER)
         self._last_reserved_topology = reserved
         return reserved
 
@@ -142,7 +142,7 @@ class HeuristicalStorageReservation:
             _get_module_size(m, self._parameter_multiplier) for m in shardable
         )
         self._dense_storage = _on_device(topology, dense)
-        self._kjt_storage = _get_kjt_storage(topology, inputs, _ID_BYTES, _KJT_MULTIPLIER)
+        self._kjt_storage = _get_kjt_storage(topology, inputs, ID_BYTES, _KJT_MULTIPLIER)
         for device in reserved.devices:
             device.storage.hbm = int((1 - self._percentage) * device.storage.hbm)
             device.storage -= self._dense_storage + self._kjt_storage

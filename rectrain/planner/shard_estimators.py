@@ -35,9 +35,9 @@ from rectrain.planner.constraints import ParameterConstraints
 from rectrain.planner.sharder_data import SharderData, StorageUsageType
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Storage, Topology
-from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
+from rectrain.planner.types import ID_BYTES, EmbeddingComputeKernel, ShardingType
 
-BIGINT_DTYPE: int = 8  # bytes of one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
+BIGINT_DTYPE: int = ID_BYTES  # TorchRec's name
 NUM_POOLINGS: float = 1.0  # poolings per example per feature when the constraints give none
 UVM_CACHING_RATIO: float = 0.2  # share of a UVM-cached table's rows its HBM cache holds by default
 KV_CACHING_RATIO: float = 0.2  # the same for key-value (virtual) tables
@@ -93,35 +93,51 @@ class EmbeddingStorageEstimator:
     ) -> None:
         for option in sharding_options:
             sharder_data = (sharder_data_map or {}).get(option.module_type_key, SharderData())
-            constraint = (self._constraints or {}).get(option.name)
-            ratio = option.cache_load_factor or sharder_data.fused_params.get("cache_load_factor")
-            storages = calculate_shard_storages(
-                sharder_data=sharder_data,
-                sharding_type=option.sharding_type,
-                tensor=option.tensor,
-                compute_device=self._topology.compute_device,
-                compute_kernel=option.compute_kernel,
-                shard_sizes=[shard.size for shard in option.shards],
-                batch_sizes=option.batch_sizes
-                or (constraint.batch_sizes if constraint and constraint.batch_sizes else None)
-                or [option.batch_size] * option.num_inputs,
-                world_size=self._topology.world_size,
-                local_world_size=self._topology.intra_group_size,
-                input_lengths=option.input_lengths,
-                num_poolings=get_num_poolings(self._constraints, option),
-                caching_ratio=ratio or UVM_CACHING_RATIO,
-                is_pooled=option.is_pooled,
-                input_data_type_size=BIGINT_DTYPE,
-                output_data_type_size=_output_element_size(option),
-                pipeline_type=self._pipeline_type,
-                count_ephemeral_storage_cost=self._run_embedding_at_peak_memory,
-                is_inference=self._is_inference,
-                key_value_params=constraint.key_value_params if constraint else None,
-                kv_cache_load_factor=sharder_data.fused_params.get("cache_load_factor", KV_CACHING_RATIO),
-                use_virtual_table=constraint.use_virtual_table if constraint else False,
-            )
-            for shard, storage in zip(option.shards, storages):
+            for shard, storage in zip(option.shards, self.storages(option, sharder_data)):
                 shard.storage = storage
+
+    def storages(
+        self, option: ShardingOption, sharder_data: SharderData, optimizer: FusedOptimizerConfig | None = None
+    ) -> list[Storage]:
+        """The :class:`Storage` of every shard of ``option``; ``optimizer`` (default: the one the table's
+        weight names, if any) sizes the optimizer state."""
+        constraint = (self._constraints or {}).get(option.name)
+        ratio = option.cache_load_factor or sharder_data.fused_params.get("cache_load_factor")
+        return calculate_shard_storages(
+            sharder_data=sharder_data,
+            sharding_type=option.sharding_type,
+            tensor=option.tensor,
+            compute_device=self._topology.compute_device,
+            compute_kernel=option.compute_kernel,
+            shard_sizes=[shard.size for shard in option.shards],
+            batch_sizes=option.batch_sizes
+            or (constraint.batch_sizes if constraint and constraint.batch_sizes else None)
+            or [option.batch_size] * option.num_inputs,
+            world_size=self._topology.world_size,
+            local_world_size=self._topology.intra_group_size,
+            input_lengths=option.input_lengths,
+            num_poolings=get_num_poolings(self._constraints, option),
+            caching_ratio=ratio or UVM_CACHING_RATIO,
+            is_pooled=option.is_pooled,
+            input_data_type_size=BIGINT_DTYPE,
+            output_data_type_size=_output_element_size(option),
+            pipeline_type=self._pipeline_type,
+            count_ephemeral_storage_cost=self._run_embedding_at_peak_memory,
+            is_inference=self._is_inference,
+            key_value_params=constraint.key_value_params if constraint else None,
+            kv_cache_load_factor=sharder_data.fused_params.get("cache_load_factor", KV_CACHING_RATIO),
+            use_virtual_table=constraint.use_virtual_table if constraint else False,
+            optimizer=optimizer,
+        )
+
+
+def estimate_storage_torchrec(
+    option: ShardingOption, topology: Topology, optimizer: FusedOptimizerConfig
+) -> list[int]:
+    """TorchRec's storage rule as the planner's ``storage_estimator`` (beside rectrain's own,
+    ``storage.estimate_storage``): every shard's bytes in the memory ``topology`` bounds."""
+    storages = EmbeddingStorageEstimator(topology).storages(option, SharderData(), optimizer)
+    return [s.ddr if topology.compute_device == "cpu" else s.hbm for s in storages]
 
 
 def _output_element_size(option: ShardingOption) -> float:
@@ -189,8 +205,10 @@ def calculate_shard_storages(
     key_value_params: object = None,
     kv_cache_load_factor: float = KV_CACHING_RATIO,
     use_virtual_table: bool = False,
+    optimizer: FusedOptimizerConfig | None = None,
 ) -> list[Storage]:
-    """The :class:`Storage` of every shard of ``tensor`` (see the module doc)."""
+    """The :class:`Storage` of every shard of ``tensor`` (see the module doc); ``optimizer`` sizes the
+    optimizer state (default: the optimizer class the weight names, as TorchRec's)."""
     kernel, kind = str(compute_kernel), str(sharding_type)
     inputs, outputs = _calculate_shard_io_sizes(
         kind, batch_sizes, world_size, local_world_size, input_lengths, tensor.shape[1], shard_sizes,
@@ -204,7 +222,7 @@ def calculate_shard_storages(
     cached = kernel in _CACHED
     if cached:
         hbm = round(ddr * caching_ratio)
-    optimizer = getattr(tensor, "_optimizer_classes", [None])[0]
+    optimizer = optimizer or getattr(tensor, "_optimizer_classes", [None])[0]
 
     def specific(storage: int, clf: float | None) -> list[int]:
         return _calculate_storage_specific_sizes(
@@ -280,6 +298,8 @@ def _get_optimizer_multipler(optimizer_class: type | None, shape: torch.Size) ->
     weight, row-wise Adagrad one per row); an optimizer without a fused kernel counts one value per weight."""
     if not optimizer_class:
         return 0.0
+    if isinstance(optimizer_class, FusedOptimizerConfig):
+        return optimizer_class.state_floats_per_row(shape[-1]) / shape[-1]
     # Imported here: importing rectrain.distributed runs DMP's package, which plans with this module.
     from rectrain.distributed.parallel.fused_params import optimizer_type_of
 

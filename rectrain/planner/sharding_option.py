@@ -49,6 +49,9 @@ class Perf:
     def __add__(self, other: Perf) -> Perf:
         return Perf(*(getattr(self, f) + getattr(other, f) for f in _PERF_FIELDS))
 
+    def scaled(self, factor: float) -> Perf:
+        return Perf(*(getattr(self, f) * factor for f in _PERF_FIELDS))
+
     def __hash__(self) -> int:
         return hash(
             (

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rectrain.planner.protocols import Stats
+from rectrain.planner.types import GIB
 
 logger = logging.getLogger(__name__)
 
 MIN_WIDTH = 90
-GIB = 1024**3
 
 
 def _normalize_float(p: list[float]) -> list[float]:

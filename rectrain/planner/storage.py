@@ -14,14 +14,14 @@ import math
 from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import EmbeddingComputeKernel, Shard
+from rectrain.planner.types import FP32_BYTES, EmbeddingComputeKernel, Shard
 from rectrain.planner.workload import shard_workload
-
-FP32_BYTES = 4
 
 
 def element_bytes(option: ShardingOption) -> float:
     """Bytes of one stored weight (fractional for sub-byte types)."""
+    if option.table is None:  # enumerated from a module: its weight's dtype
+        return option.tensor.element_size()
     return option.table.data_type.bits / 8
 
 

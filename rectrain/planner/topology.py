@@ -18,22 +18,20 @@ import torch
 
 from rectrain.errors import ConfigError
 from rectrain.planner.context_hash import hash_sha256_to_int
+from rectrain.planner.types import GIB
 
 logger = logging.getLogger(__name__)
 
-GIB = 1024**3
 HBM_CAP = 32 * GIB  # used for cuda plans made on a machine without a CUDA device
 DDR_CAP = 128 * GIB  # used when the host's memory cannot be read
 SSD_CAP = 2 * 1024**4  # TorchRec's default SSD per rank; rectrain's default is 0 (it runs no SSD kernel)
-# Bandwidths in bytes/ms (TorchRec's unit) at rectrain's defaults, which are decimal: TorchRec's constants
-# (``distributed.planner.constants``) are the same figures in GiB (7 % higher); the recorded plans and their
-# per-shard seconds were made with these.
-HBM_MEM_BW = 897e9 / 1000  # V100-class HBM2 read bandwidth
-DDR_MEM_BW = 51e9 / 1000  # dual-channel DDR4 server socket
-SSD_MEM_BW = 100e6 / 1000
-HBM_TO_DDR_MEM_BW = 32e9 / 1000  # PCIe between a device and host memory (UVM)
-INTRA_HOST_BW = 600e9 / 1000  # NVLink-class bandwidth between the ranks of one host
-INTER_HOST_BW = 12.5e9 / 1000  # 100 Gbit/s network between hosts
+# Bandwidths in bytes/ms (TorchRec's unit and figures, ``torchrec.distributed.planner.constants``).
+HBM_MEM_BW = 897 * GIB / 1000  # V100-class HBM2 read bandwidth
+DDR_MEM_BW = 51 * GIB / 1000  # dual-channel DDR4 server socket
+SSD_MEM_BW = 100 * 1024**2 / 1000
+HBM_TO_DDR_MEM_BW = 32 * GIB / 1000  # PCIe between a device and host memory (UVM)
+INTRA_HOST_BW = 600 * GIB / 1000  # NVLink-class bandwidth between the ranks of one host
+INTER_HOST_BW = 12.5 * GIB / 1000  # 100 Gbit/s network between hosts
 BWD_COMPUTE_MULTIPLIER = 2.0  # backward lookup work relative to forward
 WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER = 1.0
 

@@ -12,6 +12,11 @@ from typing import Any
 
 from rectrain.errors import ConfigError
 
+# Units and element sizes every estimate shares.
+GB, GIB = 1000**3, 1024**3
+ID_BYTES = 8  # one input id: FBGEMM's kernels take int64 ids (int32 ids are widened)
+FP32_BYTES = 4  # an output value, a gradient, an optimizer state value
+
 
 @unique
 class ShardingType(str, Enum):

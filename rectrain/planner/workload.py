@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 from rectrain.planner.sharding_option import ShardingOption
 from rectrain.planner.topology import Topology
-from rectrain.planner.types import Shard, ShardingType
+from rectrain.planner.types import FP32_BYTES, ID_BYTES, Shard, ShardingType
 
-ID_BYTES = 8
-OUTPUT_BYTES = 4
+_ROW_BLOCKED = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,8 @@ def shard_workload(option: ShardingOption, shard: Shard, topology: Topology) -> 
     replicas = 1 if option.sharding_type == ShardingType.DATA_PARALLEL else topology.world_size
     lookups = sum(batch * pooling for batch, pooling in option.features) * replicas
     examples = sum(batch for batch, _ in option.features) * replicas
-    if option.sharding_type in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-        row_fraction = shard.num_rows / option.table.num_embeddings
+    if option.sharding_type in _ROW_BLOCKED:
+        row_fraction = shard.num_rows / option.tensor.shape[0]
     else:
         row_fraction = 1.0
     shard_lookups = lookups * row_fraction
@@ -47,5 +46,5 @@ def shard_workload(option: ShardingOption, shard: Shard, topology: Topology) -> 
     return ShardWorkload(
         lookups=shard_lookups,
         id_bytes=shard_lookups * ID_BYTES,
-        output_bytes=outputs * shard.num_cols * OUTPUT_BYTES,
+        output_bytes=outputs * shard.num_cols * FP32_BYTES,
     )

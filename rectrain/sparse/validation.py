@@ -191,12 +191,6 @@ def check_num_rows(
         )
 
 
-def check_all_or_no_weights(keys: list[str], weighted: list[bool]) -> None:
-    """ValueError if some parts being combined have weights and others do not."""
-    if any(weighted) and not all(weighted):
-        raise ValueError(f"cannot combine weighted and unweighted parts (keys {keys}; weighted: {weighted})")
-
-
 def validate_jagged_tensor(jt) -> None:
     """ValueError naming the problem unless ``jt``'s lengths/offsets partition its values exactly."""
     values = jt.values()

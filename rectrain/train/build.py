@@ -23,11 +23,10 @@ from rectrain.embedding.config import BaseEmbeddingConfig, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.optim import CombinedOptimizer
 from rectrain.planner import EmbeddingShardingPlanner, ParameterConstraints, ShardingPlan, Topology
+from rectrain.planner.types import GIB
 from rectrain.train.config import RunConfig
 from rectrain.train.schedule import clip_before_step
 from rectrain.train.table_storage import place_tables
-
-_GIB = 1024**3
 
 
 @dataclass
@@ -149,7 +148,7 @@ def make_plan(
 
 
 def _bytes(gib: float | None) -> int | None:
-    return None if gib is None else int(gib * _GIB)
+    return None if gib is None else int(gib * GIB)
 
 
 def prediction_module(train_module: nn.Module) -> nn.Module:

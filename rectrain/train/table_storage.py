@@ -11,10 +11,11 @@ from rectrain.distributed import ShardingEnv
 from rectrain.embedding import disk_tables
 from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.planner.memory_budget import check_disk_space, plan_memory, rank_budget
+from rectrain.planner.types import GB
 from rectrain.train.config import RunConfig
 
 logger = logging.getLogger(__name__)
-_MB, _GB = 1 << 20, 1e9
+_MB = 1 << 20
 
 
 def place_tables(config: RunConfig, env: ShardingEnv | None, optimizer: FusedOptimizerConfig) -> RunConfig:
@@ -29,9 +30,7 @@ def place_tables(config: RunConfig, env: ShardingEnv | None, optimizer: FusedOpt
     world = env.world_size if env is not None else 1
     local = (env.local_world_size if env is not None else None) or config.planner.local_world_size or 1
     total = (
-        None
-        if config.planner.memory_budget_gb is None
-        else int(config.planner.memory_budget_gb * _GB * local)
+        None if config.planner.memory_budget_gb is None else int(config.planner.memory_budget_gb * GB * local)
     )
     budget, source = rank_budget(local, total)
     plan = plan_memory(
@@ -39,7 +38,7 @@ def place_tables(config: RunConfig, env: ShardingEnv | None, optimizer: FusedOpt
         optimizer,
         budget,
         world_size=world,
-        fixed_bytes=int(config.planner.fixed_memory_gb * _GB),
+        fixed_bytes=int(config.planner.fixed_memory_gb * GB),
         source=source,
     )
     check_disk_space(plan, disk_tables.settings().base_dir(), local)

@@ -111,3 +111,29 @@ def test_table_wise_shard_storage_is_monotone(rows, extra_rows, pooling):
 
     assert nbytes(rows + extra_rows, pooling) > nbytes(rows, pooling)
     assert nbytes(rows, pooling * 2) > nbytes(rows, pooling)
+
+
+def test_enumerating_a_module_fills_perf_from_the_planners_model_in_milliseconds():
+    from rectrain.distributed.parallel.sharders import EmbeddingBagCollectionSharder
+    from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
+
+    table = EmbeddingBagConfig(1000, 64, name="t", feature_names=["f"])
+    module = EmbeddingBagCollection(tables=[table], device="meta")
+    enumerator = EmbeddingEnumerator(TOPO, 64)
+    options = enumerator.enumerate(module, [EmbeddingBagCollectionSharder()])
+    options = [o for o in options if o.sharding_type == "row_wise"]
+    assert options
+    for option in options:
+        seconds = estimate_perf(option, TOPO, FusedOptimizerConfig())
+        assert [s.perf.total for s in option.shards] == pytest.approx([1000 * t for t in seconds])
+        assert all(s.perf.input_dist_comms > 0 and s.perf.fwd_comms > 0 for s in option.shards)
+
+
+def test_torchrec_storage_rule_sizes_the_planners_optimizer_state():
+    from rectrain.planner.shard_estimators import estimate_storage_torchrec
+
+    option = _option(EmbeddingBagConfig(1000, 64, name="t"), ShardingType.TABLE_WISE)
+    sgd_bytes, adam_bytes = (
+        estimate_storage_torchrec(option, TOPO, FusedOptimizerConfig(optimizer=o))[0] for o in ("sgd", "adam")
+    )
+    assert adam_bytes - sgd_bytes == 2 * 1000 * 64 * 4  # Adam's two moments per weight

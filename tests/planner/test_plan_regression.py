@@ -2,7 +2,8 @@
 
 ``data/recorded_plans.json`` holds, per case, the plan's JSON (layout, per-shard bytes and seconds), its
 report and the memory check's per-rank estimate, captured from the planner before its types were unified
-with TorchRec's. Re-record (only for an intended change of the planner's model) with
+with TorchRec's (seconds re-recorded when the bandwidth defaults became TorchRec's GiB figures: every layout
+and byte figure stayed). Re-record (only for an intended change of the planner's model) with
 ``RECTRAIN_RECORD_PLANS=1 python -m pytest tests/planner/test_plan_regression.py``.
 """
 

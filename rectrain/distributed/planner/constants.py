@@ -1,7 +1,7 @@
 """``torchrec.distributed.planner.constants`` at rectrain's path: the defaults TorchRec's planner API assumes.
 
-Capacities are rectrain's own topology defaults (``rectrain.planner.topology``); bandwidths and the rest are
-the figures TorchRec's estimators are documented to use.
+Capacities and bandwidths are the engine's topology defaults (``rectrain.planner.topology``, TorchRec's
+figures); the rest are the figures TorchRec's estimators are documented to use.
 """
 
 from rectrain.planner.constraints import POOLING_FACTOR
@@ -11,22 +11,20 @@ from rectrain.planner.shard_shapes import MIN_CW_DIM
 from rectrain.planner.topology import (
     BWD_COMPUTE_MULTIPLIER,
     DDR_CAP,
+    DDR_MEM_BW,
     HBM_CAP,
+    HBM_MEM_BW,
+    HBM_TO_DDR_MEM_BW,
     SSD_CAP,
+    SSD_MEM_BW,
     WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
 )
+from rectrain.planner.topology import INTER_HOST_BW as CROSS_NODE_BANDWIDTH
+from rectrain.planner.topology import INTRA_HOST_BW as INTRA_NODE_BANDWIDTH
 from rectrain.planner.types import EmbeddingComputeKernel as _K
 
 BATCH_SIZE: int = 512  # per-rank batch size when the caller gives none
 MAX_SIZE: int = (1 << 63) - 1
-# TorchRec's bandwidths, bytes/ms of GiB figures: its estimators' inputs. rectrain's Topology defaults are the
-# same figures in decimal GB (``rectrain.planner.topology``), with which its recorded plans were made.
-DDR_MEM_BW: float = 51 * 1024**3 / 1000
-HBM_MEM_BW: float = 897 * 1024**3 / 1000
-SSD_MEM_BW: float = 100 * 1024**2 / 1000
-HBM_TO_DDR_MEM_BW: float = 32 * 1024**3 / 1000
-INTRA_NODE_BANDWIDTH: float = 600 * 1024**3 / 1000
-CROSS_NODE_BANDWIDTH: float = 12.5 * 1024**3 / 1000
 DEFAULT_PERF_ESTIMATOR: str = "default_estimator"
 
 

@@ -1,6 +1,8 @@
 """``torchrec.distributed.planner.shard_estimators`` at rectrain's path: TorchRec's storage rule, the
-planner's own (``rectrain.planner.shard_estimators``)."""
+planner's own (``rectrain.planner.shard_estimators``), and the planner's perf model
+(``rectrain.planner.perf``: its figures, not TorchRec's)."""
 
+from rectrain.planner.perf import EmbeddingPerfEstimator
 from rectrain.planner.shard_estimators import (
     EmbeddingStorageEstimator,
     PipelineType,
@@ -15,6 +17,7 @@ from rectrain.planner.shard_estimators import (
 )
 
 __all__ = [
+    "EmbeddingPerfEstimator",
     "EmbeddingStorageEstimator",
     "PipelineType",
     "_calculate_dp_shard_io_sizes",

@@ -35,18 +35,3 @@ class ShardedTable:
     sharding: ParameterSharding
     local_shards: list[tuple[Shard, Tensor]] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
-
-    def load_from_full(self, full: Tensor) -> None:
-        """Copy this rank's rectangles out of the whole table (re-sharding from any saved layout)."""
-        if tuple(full.shape) != self.global_shape:
-            raise ValueError(
-                f"table has shape {list(self.global_shape)}, the given tensor {list(full.shape)}"
-            )
-        with torch.no_grad():
-            for shard, tensor in self.local_shards:
-                tensor.copy_(
-                    full[
-                        shard.row_offset : shard.row_offset + shard.num_rows,
-                        shard.col_offset : shard.col_offset + shard.num_cols,
-                    ]
-                )
