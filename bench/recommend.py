@@ -303,7 +303,7 @@ def main() -> None:
             print(f"recommend capacity rps {capacity:.1f}", flush=True)
             steady = worker_memory(proc.pid)  # after the closed loop: a worker's steady serving state
             answered, refused, failed = open_loop(stub, args)
-            latencies = np.array(answered) * 1e3
+            latencies = np.array(answered or [float("nan")]) * 1e3  # nan: every request refused
             memory = worker_memory(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
