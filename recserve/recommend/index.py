@@ -2,7 +2,7 @@
 
 Chosen by catalogue size: exact search (``IndexFlatIP``) up to ``FLAT_MAX_ITEMS`` items, else an inverted
 file (``IndexIVFFlat``, ``nlist`` about sqrt(items), k-means on a sample: ``ivf_shape``) whose ``nprobe`` is
-the smallest power of two that reaches the target recall against exact search on sampled queries. The index
+the smallest that reaches the target recall against exact search on sampled queries. The index
 file is faiss's own serialisation (``write_index``; no pickle), verified by sha256 before it is read, and
 read with ``IO_FLAG_MMAP_IFC`` so that its vectors stay in the page cache, one copy for every worker.
 """
@@ -136,13 +136,7 @@ def build_index(
     added = time.perf_counter()
     truth = exact_search(embeddings, queries, k).numpy()
     searched = time.perf_counter()
-    nprobe, measured = 1, 0.0
-    while True:
-        index.nprobe = nprobe
-        measured = recall(index.search(q, k)[1], truth)
-        if measured >= target_recall or nprobe >= nlist:
-            break
-        nprobe = min(nlist, nprobe * 2)
+    nprobe, measured = _smallest_nprobe(index, q, truth, k, nlist, target_recall)
     elapsed = time.perf_counter() - started
     params = {
         "nlist": nlist,
@@ -159,6 +153,30 @@ def build_index(
     )
     logger.info("IVF index over %d items: %s, recall@%d %.4f, %.1f s", items, params, k, measured, elapsed)
     return index, IndexChoice("ivf", params, measured, k, len(q), elapsed, time.process_time() - cpu)
+
+
+def _smallest_nprobe(index, queries: np.ndarray, truth: np.ndarray, k: int, nlist: int, target: float):
+    """``(nprobe, recall)``: the fewest lists probed whose recall reaches ``target`` (all lists if none
+    does): doubling from 1, then bisecting between the last two tries. Each probe costs every query a
+    scan of its vectors, so a tight nprobe is the serving's retrieval cost."""
+
+    def measure(nprobe: int) -> float:
+        index.nprobe = nprobe
+        return recall(index.search(queries, k)[1], truth)
+
+    low, high, reached = 0, 1, measure(1)  # low: a count known to miss the target (0: none tried)
+    while reached < target and high < nlist:
+        low, high = high, min(nlist, high * 2)
+        reached = measure(high)
+    while high - low > 1 and reached >= target:
+        middle = (low + high) // 2
+        got = measure(middle)
+        if got >= target:
+            high, reached = middle, got
+        else:
+            low = middle
+    index.nprobe = high
+    return high, reached
 
 
 def set_search_threads(threads: int) -> None:

@@ -32,8 +32,8 @@ from recserve.server.dataplane.validation import ModelSchema, check_request
 MAX_BATCH_CANDIDATES = 16_384
 _RESULT_GRACE_SECONDS = 1.0
 # The longest estimated wait for the work queued ahead of a request before it is refused (see the module's
-# docstring); a few batches' worth, so a burst still batches well.
-MAX_QUEUED_SECONDS = 0.1
+# docstring; the server's --max-recommend-queued-ms): several batches' worth, so a burst still batches well.
+MAX_QUEUED_SECONDS = 0.25
 _RATE_WEIGHT = 0.2  # each batch's weight in the moving average of seconds per candidate
 
 
