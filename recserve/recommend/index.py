@@ -108,7 +108,7 @@ def build_index(
     *,
     kind: str = "auto",
     recall_at: int = 100,
-    target_recall: float = 0.95,
+    target_recall: float = 0.97,
     seed: int = 0,
 ):
     """``(faiss index, IndexChoice)`` over ``embeddings [M, L]`` (a mapped tensor is read a block at a time);
