@@ -157,14 +157,21 @@ def request_for(user: int, args: argparse.Namespace) -> pb2.RecommendRequest:
 
 def closed_loop(stub, args: argparse.Namespace, batch_candidates: list[int]) -> float:
     """Requests/s with ``--concurrency`` callers for ``--duration`` s (after 2 s of warm-up); each reply's
-    batch (candidates ranked in it) goes to ``batch_candidates``."""
+    batch (candidates ranked in it) goes to ``batch_candidates``. A caller refused by the server's admission
+    (RESOURCE_EXHAUSTED) backs off 5 ms and sends the request again."""
     requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
     done, stop, start = [0], threading.Event(), [0.0]
 
     def caller(seed: int) -> None:
         i = seed
         while not stop.is_set():
-            reply = stub.Recommend(requests[i % len(requests)], timeout=30)
+            try:
+                reply = stub.Recommend(requests[i % len(requests)], timeout=30)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                time.sleep(0.005)
+                continue
             i += args.concurrency
             if start[0]:
                 done[0] += 1
@@ -183,19 +190,23 @@ def closed_loop(stub, args: argparse.Namespace, batch_candidates: list[int]) -> 
     return count / elapsed
 
 
-def open_loop(stub, args: argparse.Namespace) -> tuple[list[float], int]:
+def open_loop(stub, args: argparse.Namespace) -> tuple[list[float], int, int]:
     """Latencies (s) of Poisson arrivals at ``--rate``, each from its scheduled arrival, of the requests
-    answered; and how many were not (an error, such as the 30 s deadline of a queue that keeps growing)."""
+    answered; how many were refused by the server's admission (RESOURCE_EXHAUSTED: an offered load over
+    capacity), and how many failed otherwise (such as the 30 s deadline)."""
     requests = [request_for(u, args) for u in range(0, USERS, USERS // 256)]
     rng = np.random.default_rng(0)
     gaps = rng.exponential(1.0 / args.rate, int(args.rate * args.duration))
     latencies: list[float] = []
-    failed = [0]
+    failed, refused = [0], [0]
     futures = []
 
     def done(future, scheduled: float) -> None:
-        if future.exception() is None:
+        error = future.exception()
+        if error is None:
             latencies.append(time.perf_counter() - scheduled)
+        elif error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            refused[0] += 1
         else:
             failed[0] += 1
 
@@ -212,7 +223,7 @@ def open_loop(stub, args: argparse.Namespace) -> tuple[list[float], int]:
         futures.append(future)
     for f in futures:
         f.exception()
-    return latencies, failed[0]
+    return latencies, refused[0], failed[0]
 
 
 def stage_seconds(metrics_port: int) -> dict[str, tuple[float, float]]:
@@ -291,8 +302,8 @@ def main() -> None:
             after = stage_seconds(metrics_port)
             print(f"recommend capacity rps {capacity:.1f}", flush=True)
             steady = worker_memory(proc.pid)  # after the closed loop: a worker's steady serving state
-            answered, failed = open_loop(stub, args)
-            latencies = np.array(answered) * 1e3
+            answered, refused, failed = open_loop(stub, args)
+            latencies = np.array(answered or [float("nan")]) * 1e3  # nan: every request refused
             memory = worker_memory(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -316,7 +327,8 @@ def main() -> None:
     print(f"candidates per request {args.candidates}")
     print(f"recommend p50 ms at {args.rate:g} rps {np.percentile(latencies, 50):.2f}")
     print(f"recommend capacity rps {capacity:.1f}")
-    print(f"recommend open loop requests not answered {failed}")
+    print(f"recommend open loop requests refused (admission) {refused}")
+    print(f"recommend open loop requests failed {failed}")
     print(f"ann recall@100 {index['recall']['value']:.4f}")
     print(f"index build cpu s {index.get('build_cpu_seconds', 0):.1f}")
     print(f"index build s {index['build_seconds']:.2f}")

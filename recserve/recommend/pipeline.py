@@ -30,7 +30,8 @@ from recserve.recommend.manifest import (
     PipelineManifest,
     read_pipeline,
 )
-from recserve.recommend.towers import Bags, Towers, bags_to_kjt, jagged_gather, kjt_to_bags, repeat_bags
+from recserve.recommend.ranking import Ranker, item_bags
+from recserve.recommend.towers import Bags, Towers, jagged_gather, kjt_to_bags
 from recserve.runtime.dense_bounds import DenseBounds
 from recserve.runtime.predictor import Predictor
 from recserve.runtime.validation import RequestValidator
@@ -71,6 +72,7 @@ class RecommendPipeline:
         self.plan, self.limits = manifest.plan, manifest.limits
         self.towers = Towers(Predictor.load(directory / "retrieval", verify=False))
         self.ranker = Predictor.load(directory / "ranking", verify=False)
+        self.ranking = Ranker(self.ranker, self.plan.ranking_user_features, self.plan.ranking_item_features)
         self.items = ItemStore(directory / ITEMS_FILE, self.plan, int(manifest.catalogue["rows"]))
         self.embeddings = map_tensors(directory / EMBEDDINGS_FILE)["embeddings"]
         self.index = None if exact else read_index(directory / INDEX_FILE, manifest.index)
@@ -206,12 +208,9 @@ class RecommendPipeline:
         total = int(rows.numel())
         if total == 0:
             return [torch.empty(0) for _ in candidates]
-        bags: Bags = {f: repeat_bags(*user_bags[f], counts) for f in self.plan.ranking_user_features}
-        for f, (offsets, values) in self.items.features.items():
-            bags[f] = jagged_gather(offsets, values, rows)
-        dense = torch.cat([torch.repeat_interleave(user_dense, counts, dim=0), self.items.dense[rows]], dim=1)
-        kjt = bags_to_kjt(self.ranker.metadata.feature_names, bags, total)
-        scores = self.ranker.predict(dense, kjt, checked=True)
+        user = {f: user_bags[f] for f in self.plan.ranking_user_features}
+        items = item_bags(self.items.features, rows)
+        scores = self.ranking.scores(user, user_dense, counts, items, self.items.dense[rows])
         return list(torch.split(scores, counts.tolist()))
 
 

@@ -120,6 +120,11 @@ class Predictor:
         self._position = position or StreamPosition(metadata.version, metadata.model_name)
 
     @property
+    def lookups(self) -> QuantEmbeddingBagCollection:
+        """The quantized lookups (the dense part runs after them: ``graph.after_lookups``)."""
+        return self._lookups
+
+    @property
     def metadata(self) -> PackageMetadata:
         """The base package's metadata (deltas change weights only; ``model_version`` names the deltas)."""
         return self._metadata

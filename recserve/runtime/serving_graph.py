@@ -79,8 +79,13 @@ class ServingGraph:
 
     def routed(self, dense: Tensor, kjt: KeyedJaggedTensor) -> Tensor:
         """The eager lookups, then the traced dense part (what ``graph(dense, kjt)`` does when not fused)."""
+        return self.after_lookups(dense, self._lookups(kjt).values())
+
+    def after_lookups(self, dense: Tensor, pooled: Tensor) -> Tensor:
+        """The traced dense part on the lookups' pooled output ``[B, sum of dims]`` (a caller that pools
+        some rows itself, such as the recommend pipeline's ranking stage)."""
         with torch.jit.optimized_execution(False):
-            return self._dense_part(dense, self._lookups(kjt).values())
+            return self._dense_part(dense, pooled)
 
 
 def build_serving_graph(

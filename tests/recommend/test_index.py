@@ -7,7 +7,8 @@ import torch
 
 from recserve.recommend import index as index_module
 from recserve.recommend.index import (
-    TRAIN_ROWS,
+    KMEANS_ITERATIONS,
+    TRAIN_PER_LIST,
     build_index,
     ivf_shape,
     read_index,
@@ -28,11 +29,17 @@ def test_ivf_reaches_the_target_recall_and_reads_back_mapped(tmp_path):
     assert (
         choice.type == "ivf" and choice.recall >= 0.95 and choice.params["nprobe"] <= choice.params["nlist"]
     )
+    assert choice.params["kmeans_iterations"] == KMEANS_ITERATIONS  # recorded in the manifest
     write_index(index, tmp_path / "index.faiss")
     mapped = read_index(tmp_path / "index.faiss", choice.to_dict())
     exact = torch.topk(queries @ embeddings.T, 20).indices.numpy()
     found = search(mapped, queries, 20)[1].numpy()
     assert recall(found, exact) == choice.recall
+    # The fewest lists that reach the target (bisected, not the next power of two): one fewer misses it.
+    nprobe = choice.params["nprobe"]
+    if nprobe > 1:
+        mapped.nprobe = nprobe - 1
+        assert recall(search(mapped, queries, 20)[1].numpy(), exact) < 0.95
 
 
 def test_small_catalogues_search_exactly():
@@ -53,5 +60,7 @@ def test_exact_search_by_blocks_equals_brute_force(monkeypatch):
 
 def test_ivf_trains_on_a_sample_of_a_large_catalogue():
     nlist, train_rows = ivf_shape(1_000_000)
-    assert nlist == 2000 and train_rows == max(TRAIN_ROWS, 39 * nlist) < 100_000
-    assert ivf_shape(6000) == (153, 6000)  # a small catalogue trains on every item
+    assert nlist == 1000 and train_rows == TRAIN_PER_LIST * nlist == 64_000
+    assert 39 <= TRAIN_PER_LIST <= 256  # faiss's range of training vectors per list
+    assert ivf_shape(6000) == (77, 64 * 77)
+    assert ivf_shape(100) == (1, 64)  # a tiny one: one list

@@ -75,7 +75,8 @@ def running_server(package: Path | None, **overrides):
     ports = {"port": 0, "metrics_port": 0, "admin_port": 0, "http_port": 0}
     # Lag-based shedding (default 100 ms) refuses calls whenever this process is starved for a moment,
     # as it is beside parallel tests; tests of shedding pass their own limit or run the server's defaults.
-    relaxed = {"max_queue_lag_ms": 5000.0}
+    # Recommend's admission likewise (its pace is measured in wall time).
+    relaxed = {"max_queue_lag_ms": 5000.0, "max_recommend_queued_ms": 5000.0}
     cfg = ServeConfig(package=package, **{**ports, **relaxed, **overrides})
     server = RecServer(cfg)
     server.start()

@@ -9,8 +9,10 @@ import grpc
 import pytest
 import torch
 
+from recserve.errors import OverloadedError
 from recserve.recommend.pipeline import RecommendPipeline
 from recserve.server.dataplane.arrays import encode_raw
+from recserve.server.dataplane.recommend import RecommendService
 from recserve.server.transports.protos import oip_pb2, oip_pb2_grpc, pb2, pb2_grpc
 from tests.recommend.fixtures import make_pipeline, user_batch
 from tests.serving.conftest import running_server, scrape, target
@@ -144,3 +146,18 @@ def test_metrics_show_each_stage_and_the_candidates(server):
     assert sum(metrics["recserve_recommend_candidates_sum"].values()) >= 50
     counts = metrics["recserve_requests_total"]
     assert any(dict(k)["method"].endswith("Recommend") and dict(k)["code"] == "OK" for k in counts)
+
+
+def test_admission_refuses_a_request_queued_behind_too_much_work(offline):
+    # A batch waits up to 30 s to fill, so the first request is still queued when the second arrives.
+    service = RecommendService(offline, max_queue_delay_s=30.0, max_queued_s=1e-6)
+    dense, kjt = user_batch([1])
+    user = offline.check(dense, kjt)[0]
+    try:
+        service._run([user])  # one batch through the service's batch function measures its pace
+        first = service.submit(user)  # an idle queue takes a request whatever its size
+        with pytest.raises(OverloadedError, match="50 candidates are queued ahead"):
+            service.submit(user)
+    finally:
+        service.close(timeout=60)  # runs the queued request
+    assert first.result(60).result.candidates == 50

@@ -138,6 +138,11 @@ class DynamicBatcher(Generic[T, R]):
         with self._lock:
             return len(self._queue)
 
+    def queued_examples(self) -> int:
+        """Examples waiting in the queue (not those of the batch being computed)."""
+        with self._lock:
+            return self._queued_examples
+
     def close(self, timeout: float | None = None) -> None:
         """Refuses new requests, finishes every queued one, and stops the batcher's own loop (if it has one).
 

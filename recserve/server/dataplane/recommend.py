@@ -6,6 +6,11 @@ rules and data checks as a scoring request (:func:`check_request`, errors naming
 the pipeline's user schema; then the request joins a batch of its own batcher, sized in candidates, and the
 batch runs every stage once (:meth:`RecommendPipeline.run`: the ranking model scores all of the batch's
 candidates in one call). Each stage's time and each request's candidates go to ``/metrics``.
+
+Admission: a request is refused at once (``OverloadedError``, RESOURCE_EXHAUSTED) when the candidates queued
+ahead of it, at the seconds per candidate the recent batches took, would keep it waiting longer than
+``max_queued_s``. Under an offered load above capacity the queue then stays short and the requests
+answered keep their latency; without it every request would wait out a queue that grows until deadlines.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recserve.errors import DeadlineExceededError, ModelNotFoundError
+from recserve.errors import DeadlineExceededError, ModelNotFoundError, OverloadedError
 from recserve.recommend.pipeline import Recommendation, RecommendPipeline, UserRequest
 from recserve.server.dataplane.arrays import FeatureArrays
 from recserve.server.dataplane.batcher import BatcherConfig, DynamicBatcher
@@ -26,6 +31,10 @@ from recserve.server.dataplane.validation import ModelSchema, check_request
 # A batch holds at most this many candidates (or one request, if a request asks for more).
 MAX_BATCH_CANDIDATES = 16_384
 _RESULT_GRACE_SECONDS = 1.0
+# The longest estimated wait for the work queued ahead of a request before it is refused (see the module's
+# docstring; the server's --max-recommend-queued-ms): several batches' worth, so a burst still batches well.
+MAX_QUEUED_SECONDS = 0.25
+_RATE_WEIGHT = 0.2  # each batch's weight in the moving average of seconds per candidate
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,16 @@ class RecommendService:
     """The server's pipeline: ``recommend(arrays, ...)`` blocking, or ``submit`` then ``result``."""
 
     def __init__(
-        self, pipeline: RecommendPipeline, observer=None, *, max_queue_delay_s: float = 0.002
+        self,
+        pipeline: RecommendPipeline,
+        observer=None,
+        *,
+        max_queue_delay_s: float = 0.002,
+        max_queued_s: float = MAX_QUEUED_SECONDS,
     ) -> None:
         self.pipeline = pipeline
+        self.max_queued_s = max_queued_s  # 0: never refuse (the queue is then bounded by deadlines only)
+        self._seconds_per_candidate = 0.0  # measured; 0 until the first batch (the server's warm-up)
         self.schema = user_schema(pipeline)
         self._observer = observer
         size = max(MAX_BATCH_CANDIDATES, pipeline.limits.max_candidates)
@@ -74,6 +90,10 @@ class RecommendService:
 
     def _run(self, users: list[UserRequest]) -> list[Recommendation]:
         recommendations, times = self.pipeline.run(users)
+        if times.candidates:
+            rate = sum(times.seconds.values()) / times.candidates
+            last = self._seconds_per_candidate
+            self._seconds_per_candidate = rate if last == 0 else last + _RATE_WEIGHT * (rate - last)
         if self._observer is not None:
             self._observer.recommend_batch_done(times.seconds, [r.candidates for r in recommendations])
         return recommendations
@@ -99,6 +119,14 @@ class RecommendService:
         return users[0]
 
     def submit(self, user: UserRequest, deadline: float | None = None) -> Future:
+        if self.max_queued_s > 0:
+            queued = self._batcher.queued_examples()
+            wait = (queued + user.num_candidates) * self._seconds_per_candidate
+            if queued and wait > self.max_queued_s:  # an idle server takes any request it can
+                raise OverloadedError(
+                    f"Recommend: {queued} candidates are queued ahead (about {wait * 1e3:.0f} ms of work, "
+                    f"over {self.max_queued_s * 1e3:.0f} ms); retry with backoff"
+                )
         return self._batcher.submit(user, size=user.num_candidates, deadline=deadline)
 
     def result(self, future: Future) -> RecommendResult:

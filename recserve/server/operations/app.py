@@ -86,7 +86,9 @@ def load_runner(
     return runner
 
 
-def load_recommender(pipeline_dir: Path, metrics: ServerMetrics) -> RecommendService:
+def load_recommender(
+    pipeline_dir: Path, metrics: ServerMetrics, max_queued_ms: float = 250.0
+) -> RecommendService:
     """Loads a pipeline package (every file verified) behind its own batcher, and warms it up."""
     from recserve.recommend.index import set_search_threads
     from recserve.recommend.pipeline import RecommendPipeline
@@ -94,7 +96,9 @@ def load_recommender(pipeline_dir: Path, metrics: ServerMetrics) -> RecommendSer
     # The index searches on as many threads as torch computes on (one per worker when the CPUs are shared
     # out between workers): faiss's default, every CPU in each worker, oversubscribes them.
     set_search_threads(torch.get_num_threads())
-    service = RecommendService(RecommendPipeline.load(pipeline_dir), metrics)
+    service = RecommendService(
+        RecommendPipeline.load(pipeline_dir), metrics, max_queued_s=max_queued_ms / 1000.0
+    )
     plan = service.pipeline.plan
     # Warm-up: one request of an all-zero user through every stage.
     warm = FeatureArrays(
@@ -152,7 +156,7 @@ class RecServer:
         # A pipeline package serves Recommend, and its ranking package serves Predict (docs/recommend.md).
         self.recommender = None
         if is_pipeline(package):
-            self.recommender = load_recommender(Path(package), self.metrics)
+            self.recommender = load_recommender(Path(package), self.metrics, cfg.max_recommend_queued_ms)
             package = Path(package) / "ranking"
         bc = cfg.batcher_config()
         # --follow: every base loaded (this one, and each one after) first catches up on its deltas.

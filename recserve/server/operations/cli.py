@@ -100,6 +100,13 @@ def _add_serve(subparsers) -> None:
         default=100.0,
         help="refuse new RPCs at once while RPCs wait longer than this before a handler sees them (0: off)",
     )
+    p.add_argument(
+        "--max-recommend-queued-ms",
+        type=float,
+        default=250.0,
+        help="refuse a Recommend request at once when the work queued ahead of it in its worker would take "
+        "longer than this, at the pace of the recent batches (0: off)",
+    )
     p.add_argument("--max-message-mb", type=int, default=64, help="largest request/reply message")
     p.add_argument(
         "--request-memory-mb",
@@ -218,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_threads=args.grpc_threads,
         max_inflight=args.max_inflight,
         max_queue_lag_ms=args.max_queue_lag_ms,
+        max_recommend_queued_ms=args.max_recommend_queued_ms,
         max_message_bytes=args.max_message_mb * 1024 * 1024,
         request_memory_bytes=None if args.request_memory_mb is None else int(args.request_memory_mb * 2**20),
         grpc_read_timeout_s=args.grpc_read_timeout,

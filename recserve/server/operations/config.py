@@ -75,6 +75,8 @@ class ServeConfig:
     grpc_threads: int = 64
     max_inflight: int | None = None  # None: default_max_inflight(grpc_threads, max_queue_size)
     max_queue_lag_ms: float = 100.0  # refuse new calls while calls wait longer to be seen (0: off)
+    # Refuse a Recommend request queued behind more estimated work than this (0: off; see dataplane/recommend)
+    max_recommend_queued_ms: float = 250.0
     max_message_bytes: int = 64 * 1024 * 1024
     # Bytes this worker's REST requests may hold at once (bodies, inflated bodies, decoded tensors); None:
     # derived from the worker's memory share (recserve.server.transports.budget.default_request_budget).
@@ -156,6 +158,10 @@ class ServeConfig:
             raise ServeConfigError(f"--max-streaming-calls: expected >= 1, got {self.max_streaming_calls}")
         if self.max_queue_lag_ms < 0:
             raise ServeConfigError(f"--max-queue-lag-ms: expected >= 0 (0: off), got {self.max_queue_lag_ms}")
+        if self.max_recommend_queued_ms < 0:
+            raise ServeConfigError(
+                f"--max-recommend-queued-ms: expected >= 0 (0: off), got {self.max_recommend_queued_ms}"
+            )
         self._check_admin()
         self._check_model_control()
         try:
