@@ -124,6 +124,7 @@ ALLOWED = {
     "rectrain.optim.fused": _ENGINE_PACKAGE,
     "rectrain.optim.keyed": _ENGINE_PACKAGE,
     "rectrain.optim.rowwise_adagrad": _ENGINE_PACKAGE,
+    "rectrain.optim.semi_sync": "TorchRec's semi-sync wrapper of two keyed optimizers, no engine counterpart",
     "rectrain.optim.warmup": _ENGINE_PACKAGE,
     "rectrain.sparse.jagged_tensor_validator": "TorchRec's validator contract over rectrain's checks; "
     "not yet thinned (issue 44, sparse part)",
