@@ -37,6 +37,7 @@ TORCHREC_1_8 = {
         "shard sharded_relay_utils sharding sharding_plan shards_wrapper tensor_pool tensor_sharding "
         "test_utils tests train_pipeline types utils"
     ),
+    "distributed.model_tracker": "__init__ delta_store model_delta_tracker tests trackers types",
     "distributed.planner": (
         "__init__ constants enumerators estimator partitioners perf_models planners proposers "
         "shard_estimators stats storage_reservations types utils"
@@ -104,6 +105,8 @@ ALLOWED = {
     "rectrain.datasets.movielens": _ENGINE_PACKAGE,
     "rectrain.datasets.random": _ENGINE_PACKAGE,
     "rectrain.datasets.utils": "code patches its helpers' lookups at this path (see its docstring)",
+    "rectrain.distributed.model_tracker.delta_store": "TorchRec's per-batch store of ids with their first or "
+    "last state; the engine's TouchedRows keeps ids only, as bitmaps",
     "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
     "lookups: the only one, the kernels are recserve's",
     "rectrain.metrics.auc": _ENGINE_PACKAGE,
