@@ -107,6 +107,8 @@ ALLOWED = {
     "rectrain.datasets.utils": "code patches its helpers' lookups at this path (see its docstring)",
     "rectrain.distributed.model_tracker.delta_store": "TorchRec's per-batch store of ids with their first or "
     "last state; the engine's TouchedRows keeps ids only, as bitmaps",
+    "rectrain.distributed.feature_score_utils": "TorchRec's feature-score rules of virtual-table eviction; "
+    "no engine counterpart (rectrain runs no virtual table)",
     "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
     "lookups: the only one, the kernels are recserve's",
     "rectrain.metrics.auc": _ENGINE_PACKAGE,
