@@ -13,6 +13,7 @@ from rectrain.distributed.parallel.plans import (
 from rectrain.distributed.parallel.sharders import (
     EmbeddingBagCollectionSharder,
     EmbeddingCollectionSharder,
+    apply_to_all,
     get_default_sharders,
 )
 from rectrain.planner.shard_shapes import calculate_shard_sizes_and_offsets
@@ -21,6 +22,7 @@ __all__ = [
     "EmbeddingBagCollectionSharder",
     "EmbeddingCollectionSharder",
     "ParameterShardingGenerator",
+    "apply_to_all",
     "calculate_shard_sizes_and_offsets",
     "column_wise",
     "construct_module_sharding_plan",
