@@ -37,6 +37,7 @@ TORCHREC_1_8 = {
         "shard sharded_relay_utils sharding sharding_plan shards_wrapper tensor_pool tensor_sharding "
         "test_utils tests train_pipeline types utils"
     ),
+    "distributed.model_tracker": "__init__ delta_store model_delta_tracker tests trackers types",
     "distributed.planner": (
         "__init__ constants enumerators estimator partitioners perf_models planners proposers "
         "shard_estimators stats storage_reservations types utils"
@@ -104,6 +105,10 @@ ALLOWED = {
     "rectrain.datasets.movielens": _ENGINE_PACKAGE,
     "rectrain.datasets.random": _ENGINE_PACKAGE,
     "rectrain.datasets.utils": "code patches its helpers' lookups at this path (see its docstring)",
+    "rectrain.distributed.model_tracker.delta_store": "TorchRec's per-batch store of ids with their first or "
+    "last state; the engine's TouchedRows keeps ids only, as bitmaps",
+    "rectrain.distributed.feature_score_utils": "TorchRec's feature-score rules of virtual-table eviction; "
+    "no engine counterpart (rectrain runs no virtual table)",
     "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
     "lookups: the only one, the kernels are recserve's",
     "rectrain.metrics.auc": _ENGINE_PACKAGE,
@@ -124,6 +129,7 @@ ALLOWED = {
     "rectrain.optim.fused": _ENGINE_PACKAGE,
     "rectrain.optim.keyed": _ENGINE_PACKAGE,
     "rectrain.optim.rowwise_adagrad": _ENGINE_PACKAGE,
+    "rectrain.optim.semi_sync": "TorchRec's semi-sync wrapper of two keyed optimizers, no engine counterpart",
     "rectrain.optim.warmup": _ENGINE_PACKAGE,
     "rectrain.sparse.jagged_tensor_validator": "TorchRec's validator contract over rectrain's checks; "
     "not yet thinned (issue 44, sparse part)",

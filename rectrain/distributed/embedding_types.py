@@ -5,7 +5,7 @@ from rectrain.distributed.interfaces.kjt_list import KJTList
 from rectrain.distributed.interfaces.sharded_module import ShardedEmbeddingModule, ShardedModule
 from rectrain.distributed.interfaces.table_groups import GroupedEmbeddingConfig, ShardedEmbeddingTable
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder, BaseQuantEmbeddingSharder
-from rectrain.planner.types import EmbeddingComputeKernel
+from rectrain.planner.types import EmbeddingComputeKernel, ShardingType
 
 __all__ = [
     "BaseEmbeddingSharder",
@@ -16,4 +16,5 @@ __all__ = [
     "ShardedEmbeddingModule",
     "ShardedEmbeddingTable",
     "ShardedModule",
+    "ShardingType",
 ]

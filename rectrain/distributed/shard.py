@@ -9,4 +9,6 @@ defaults to the default process group, ``device`` to ``cuda:<local rank>`` if CU
 from rectrain.distributed.parallel.module_sharding import shard_module as shard
 from rectrain.distributed.parallel.module_sharding import shard_submodules as shard_modules
 
-__all__ = ["shard", "shard_modules"]
+_shard_modules = shard_modules  # TorchRec's name of the same entry point (its tests import it)
+
+__all__ = ["_shard_modules", "shard", "shard_modules"]

@@ -87,6 +87,7 @@ class BaseEmbeddingConfig:
     # planner refuses to plan a virtual table (it runs no key-value kernel).
     total_num_buckets: int | None = None
     use_virtual_table: bool = False
+    virtual_table_eviction_policy: Any = None  # TorchRec's; only virtual tables (refused) consult it
     # rectrain's field: where the rows and their fused optimizer state live while training: "ram", or "disk"
     # (files on local disk mapped into memory, the page cache as the hot-row cache; CPU only; see
     # rectrain.embedding.disk_tables and docs/disk-tables.md). Results are the same either way.
@@ -150,6 +151,16 @@ class EmbeddingBagConfig(BaseEmbeddingConfig):
 @dataclass
 class EmbeddingConfig(BaseEmbeddingConfig):
     """A table whose lookups are returned per id (sequence embeddings), not pooled."""
+
+
+@dataclass
+class EmbeddingTableConfig(BaseEmbeddingConfig):
+    """TorchRec's table description in sharding code: a table with its pooling and input weighting."""
+
+    pooling: PoolingType = PoolingType.SUM
+    is_weighted: bool = False
+    has_feature_processor: bool = False
+    embedding_names: list[str] = field(default_factory=list)
 
 
 @unique

@@ -69,6 +69,8 @@ class EmbeddingCollectionContext:
     reverse_indices: list[torch.Tensor] = field(default_factory=list)
     seq_vbe_ctx: list[Any] = field(default_factory=list)
     table_name_to_unpruned_hash_sizes: dict[str, int] = field(default_factory=dict)
+    inverse_indices: tuple[list[str], torch.Tensor] | None = None  # TorchRec's VBE fields, kept as given
+    variable_batch_per_feature: bool = False
 
     def record_stream(self, stream: torch.Stream) -> None:
         for ctx in self.sharding_contexts:

@@ -97,3 +97,15 @@ class EmbeddingCollectionSharder(BaseEmbeddingSharder):
 def get_default_sharders() -> list[BaseEmbeddingSharder]:
     """One sharder per collection type, as ``torchrec.distributed.sharding_plan.get_default_sharders``."""
     return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def apply_to_all(
+    module: nn.Module, parameter_sharding_generator: Any, sharder: object | None = None
+) -> dict[str, Any]:
+    """``{table: parameter_sharding_generator}`` for every table ``sharder`` (default: the module type's
+    default sharder) shards in ``module``: ``construct_module_sharding_plan``'s ``per_param_sharding``."""
+    if sharder is None:
+        sharder = next((s for s in get_default_sharders() if isinstance(module, s.module_type)), None)
+    if sharder is None or not isinstance(module, sharder.module_type):
+        raise ConfigError(f"apply_to_all: no sharder for a {type(module).__name__} (given: {sharder!r})")
+    return dict.fromkeys(sharder.shardable_parameters(module), parameter_sharding_generator)

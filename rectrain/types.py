@@ -1,0 +1,5 @@
+"""``torchrec.types`` at rectrain's path: ``DataType`` (``rectrain.embedding.config``)."""
+
+from rectrain.embedding.config import DataType
+
+__all__ = ["DataType"]
