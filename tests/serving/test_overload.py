@@ -118,8 +118,8 @@ def test_a_burst_of_5000_calls_on_the_default_server_is_shed_and_counted(package
         client.wait_ready(90)
         assert wait_for(lambda: client.health(timeout=1) == "SERVING", 90)
         request = encode_predict_request(*random_batch(4)).SerializeToString()
-        # Every call is answered or refused before its deadline: none ends DEADLINE_EXCEEDED or CANCELLED, uncounted
-        # (before admission control 40 % did). How fast they are answered is bench/overload_burst.py's figure.
+        # Every call is answered or refused before its deadline: none ends DEADLINE_EXCEEDED or CANCELLED,
+        # uncounted (before admission control 40 % did). Their speed is bench/overload_burst.py's figure.
         result = fire_burst(f"127.0.0.1:{port}", request, calls=5000, channels=8, timeout=20)
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         scraped = lambda: parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())  # noqa: E731
