@@ -13,7 +13,7 @@ from recserve.server.transports.codec import encode_predict_request, scores_of
 from recserve.server.transports.reads import GROWTH_CONSTANT, READ_MEMORY_SLACK
 from recserve.v1 import predictor_pb2_grpc
 
-from .conftest import free_port, random_batch, request_counts, running_server, target
+from .conftest import free_port, random_batch, request_counts, running_server, target, wait_for
 from .hostile import HeldStreams, vm_kib
 from .test_processes import start_serve, wait_serving
 
@@ -51,6 +51,45 @@ def test_held_predict_streams_hold_no_slot_and_deny_no_one(package):
     assert set(attack.stats.statuses) == {DEADLINE_EXCEEDED}
     assert counts.get("OK", 0) >= answered // 2
     assert counts.get("RESOURCE_EXHAUSTED", 0) + counts.get("DEADLINE_EXCEEDED", 0) > 0
+
+
+def test_held_streams_shed_for_queue_lag_are_refused_unread_and_hold_up_no_one(package):
+    """Calls refused for queue lag go to a pool of two threads, which also answers the lag probes. Held
+    streams shed there must be refused without waiting for their message: otherwise they hold both threads
+    until the read deadline, the probes and every later refusal queue behind them, the lag reads as
+    growing, and each normal call is shed into that queue to wait out its deadline. A lag target no probe
+    can meet keeps the server shedding every Predict call for the whole test."""
+    with running_server(package, grpc_read_timeout_s=2.0, max_queue_lag_ms=1e-6) as server:
+        lag = server.lag
+        lag.overloaded()  # as a call arriving does: the probes wake and measure a lag over the target
+        assert wait_for(lag.overloaded, 10)
+        with HeldStreams(
+            server.port, PREDICT_PATH, connections=4, streams=5, interval_s=0.5, reopen=False
+        ) as held:
+            assert wait_for(lambda: held.stats.streams_opened == 20, 10)
+            probes = lag.probes
+            client = PredictorClient(target(server))
+            predict_codes, health_errors = [], []
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                try:
+                    client.predict(*random_batch(4), timeout=5)
+                    predict_codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    predict_codes.append(exc.code())
+                try:
+                    client.health(timeout=5)
+                except grpc.RpcError as exc:
+                    health_errors.append(exc.code())
+            assert wait_for(lambda: sum(held.stats.statuses.values()) == 20, 10), held.stats
+            answered_probes = lag.probes - probes
+        counts = request_counts(server, PREDICT_PATH[1:])
+    assert health_errors == []
+    # Every Predict call refused at once for the lag, none left to wait out its deadline behind the streams.
+    assert predict_codes and set(predict_codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert held.stats.statuses == {RESOURCE_EXHAUSTED: 20}
+    assert counts == {"RESOURCE_EXHAUSTED": 20 + len(predict_codes)}
+    assert answered_probes > 1  # the probes were answered meanwhile, not queued behind the held streams
 
 
 def test_a_message_that_does_not_arrive_in_time_ends_deadline_exceeded(package):

@@ -123,7 +123,12 @@ class QueueLag:
                 secret, _, sent = value.partition(" ")
                 if secret != self._secret or method not in self._lag:
                     return False
-                self._lag[method] = time.monotonic() - float(sent)
+                stamp = float(sent)
+                self._lag[method] = time.monotonic() - stamp
+                # Out of the queue: its wait is measured. Whatever its answer then waits for is no lag of
+                # the queue (and a probe answered late must not read as one still queued).
+                if self._sent[method] == stamp:
+                    self._sent[method] = None
                 return True
         return False
 

@@ -211,13 +211,15 @@ class StatusInterceptor(grpc.ServerInterceptor):
                 f"server overloaded: new requests wait {lag.lag_s() * 1e3:.0f} ms before a handler sees them "
                 f"(over {lag.target_s * 1e3:.0f} ms, --max-queue-lag-ms); retry with backoff"
             )
-            behavior = self._shed(outcome, refusal)  # the request stays bytes: never parsed
+            behavior = self._shed(outcome, refusal)
+            make = grpc.stream_unary_rpc_method_handler  # refused without reading the request (below)
         else:
             behavior = self._serve(handler, outcome)
+            make = grpc.unary_unary_rpc_method_handler
         setattr(behavior, reads.OUTCOME_ATTRIBUTE, outcome)
         weakref.finalize(behavior, _never_ran, outcome)
         # No deserializer: the request arrives as bytes, inflated and parsed under the budget by _serve.
-        return grpc.unary_unary_rpc_method_handler(behavior, response_serializer=handler.response_serializer)
+        return make(behavior, response_serializer=handler.response_serializer)
 
     def _serve(self, handler: grpc.RpcMethodHandler, outcome: Outcome):
         behavior, deserialize = handler.unary_unary, handler.request_deserializer
@@ -300,7 +302,12 @@ class StatusInterceptor(grpc.ServerInterceptor):
         return wrapped
 
     def _shed(self, outcome: Outcome, message: str):
-        def refuse(request, context: grpc.ServicerContext):
+        # A request-streaming behaviour: gRPC Python reads a unary call's message before its handler runs,
+        # so a unary refusal of a message that never completes (a held stream) would hold a shed thread
+        # until the read deadline, and the refusals, and the lag probes answered on the same pool, would
+        # queue behind it: the lag would read as growing for as long as streams are held, and every call
+        # would be shed into that queue to wait out its deadline. Refused unread, each takes microseconds.
+        def refuse(requests, context: grpc.ServicerContext):
             if reads.message_arrived():
                 outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
