@@ -3,14 +3,14 @@
 At every ``publish.every_seconds`` (rank 0's clock; the ranks agree at a step boundary) the rows that the
 trained batches read since the last publish (``TouchedRows``, per rank) are united over the ranks, and each
 rank copies the rows it holds of those (fp32, as they are at this step; rank 0 the dense state too). That is
-all the training step waits for. The rest runs on each rank's publishing thread, at a lower priority, from
-those copies (so the bytes are the step's, while training goes on): each rank quantizes its whole rows as the
-export quantizes them and hands them to rank 0 in one tensor gather on the threads' own group (pieces of
-column-sharded rows go as fp32; rank 0 joins and quantizes those), and rank 0 writes them with the dense
-state as the next delta of the newest base (``recserve.export.delta``). One delta is in the works at a time:
-while rank 0's thread is busy, a publish that falls due waits for the next step (its rows keep accumulating),
-so the training step never waits for the thread. A data-parallel table is published whole: its dense
-optimizer may move rows no batch read.
+all the training step waits for. The rest runs on each rank's publishing thread, at a lower priority (nice +
+5), from those copies (so the bytes are the step's, while training goes on): each rank quantizes its whole
+rows as the export quantizes them and hands them to rank 0 in one tensor gather on the threads' own group
+(pieces of column-sharded rows go as fp32; rank 0 joins and quantizes those), and rank 0 writes them with the
+dense state as the next delta of the newest base (``recserve.export.delta``). One delta is in the works at a
+time: while rank 0's thread is busy, a publish that falls due waits for the next step (its rows keep
+accumulating), so the training step never waits for the thread. A data-parallel table is published whole: its
+dense optimizer may move rows no batch read.
 
 A base is cut at the start of a run and every ``publish.base_every`` deltas: the ranks save a checkpoint (the
 run's own) and rank 0 exports it into ``DIR/<N>`` on a background thread of low priority, streamed from that
@@ -101,7 +101,10 @@ class Publisher:
         self._pending: _BaseExport | None = None
         self._since_cut: list[Tensor] | None = None
         # Every rank's publishing thread: quantize, gather, and (rank 0) write, in the order submitted.
-        self._writer = ThreadPoolExecutor(1, "delta-publish", initializer=lower_thread_priority)
+        # Nice + 5, not the base export's + 10: a delta is late by as long as this thread waits for the CPU.
+        self._writer = ThreadPoolExecutor(
+            1, "delta-publish", initializer=lower_thread_priority, initargs=(5,)
+        )
         self._last_write: Future | None = None
         self._publishes_since_cut = 0
         self._delta_failed = False
