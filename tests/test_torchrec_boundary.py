@@ -97,6 +97,7 @@ ALLOWED = {
     "EmbeddingCollectionAwaitable must look up here",
     "rectrain.distributed.test_utils.test_model": _FIXTURE,
     "rectrain.distributed.test_utils.multi_process": _FIXTURE,
+    "rectrain.distributed.test_utils.model_input": _FIXTURE,
     "rectrain.schema.utils": "TorchRec's signature-compatibility rule, which has no engine counterpart",
     "rectrain.test_utils": _FIXTURE,
     "rectrain.datasets.test_utils.criteo_test_utils": _FIXTURE,
