@@ -21,6 +21,11 @@ from rectrain.distributed.interfaces.awaitable import (
     NoWait,
 )
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
+from rectrain.distributed.parallel.dmp_collection import (
+    DMPCollectionConfig,
+    DMPCollectionContext,
+    ShardingStrategy,
+)
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.embedding.config import DataType
 from rectrain.planner.constraints import KeyValueParams
@@ -84,6 +89,8 @@ __all__ = [
     "CacheParams",
     "CacheStatistics",
     "DataType",
+    "DMPCollectionConfig",
+    "DMPCollectionContext",
     "EmbeddingModuleShardingPlan",
     "GetItemLazyAwaitable",
     "KeyValueParams",
@@ -100,5 +107,6 @@ __all__ = [
     "ShardedTensorMetadata",
     "ShardingEnv",
     "ShardingPlan",
+    "ShardingStrategy",
     "ShardingType",
 ]
