@@ -150,13 +150,29 @@ def in_backward_params(weight: torch.Tensor, where: str) -> dict[str, Any] | Non
     kwargs = getattr(weight, "_optimizer_kwargs", [{}])
     if len(classes) != 1 or len(kwargs) != 1:
         raise ConfigError(f"{where}: {len(classes)} in-backward optimizers; a sharded table takes one")
-    cls = classes[0]
+    return optimizer_params(classes[0], kwargs[0], f"{where}: in-backward optimizer")
+
+
+def config_from_optimizer(
+    cls: type, kwargs: Mapping[str, Any], where: str, location: Any = None
+) -> FusedOptimizerConfig:
+    """A ``FusedOptimizerConfig`` from a torch/TorchRec optimizer class and its arguments (TorchRec's fused
+    modules' ``optimizer_type``/``optimizer_kwargs``); FBGEMM's UVM ``location`` s are refused by name."""
+    if getattr(location, "name", "DEVICE") not in ("DEVICE", "HOST"):
+        raise ConfigError(
+            f"{where}: location={location.name} asks for UVM placement, which rectrain does not implement; "
+            "leave it out (the tables live whole on `device`)"
+        )
+    return config_from_fused_params(optimizer_params(cls, kwargs, f"{where}: optimizer_type"), where)
+
+
+def optimizer_params(cls: type, kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Fused params of a torch/TorchRec optimizer class and its arguments (``config_from_fused_params``
+    reads them); ConfigError for a class without a fused kernel."""
     if cls not in _CLASSES:
         names = sorted(c.__module__.split(".")[0] + "." + c.__name__ for c in _CLASSES)
-        raise ConfigError(
-            f"{where}: in-backward optimizer {cls.__name__} has no fused kernel; use one of {names}"
-        )
-    return {"optimizer": _CLASSES[cls], **kwargs[0]}
+        raise ConfigError(f"{where} {cls.__name__} has no fused kernel; use one of {names}")
+    return {"optimizer": _CLASSES[cls], **kwargs}
 
 
 def resolve(
