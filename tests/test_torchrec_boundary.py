@@ -105,8 +105,8 @@ ALLOWED = {
     "rectrain.datasets.movielens": _ENGINE_PACKAGE,
     "rectrain.datasets.random": _ENGINE_PACKAGE,
     "rectrain.datasets.utils": "code patches its helpers' lookups at this path (see its docstring)",
-    "rectrain.distributed.logger": "TorchRec's method logger and its per-call-site caps, which have no engine "
-    "counterpart",
+    "rectrain.distributed.logger": "TorchRec's method logger and its per-call-site caps, which have no "
+    "engine counterpart",
     "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
     "lookups: the only one, the kernels are recserve's",
     "rectrain.metrics.auc": _ENGINE_PACKAGE,
