@@ -98,6 +98,7 @@ ALLOWED = {
     "EmbeddingCollectionAwaitable must look up here",
     "rectrain.distributed.test_utils.test_model": _FIXTURE,
     "rectrain.distributed.test_utils.multi_process": _FIXTURE,
+    "rectrain.distributed.test_utils.model_input": _FIXTURE,
     "rectrain.schema.utils": "TorchRec's signature-compatibility rule, which has no engine counterpart",
     "rectrain.test_utils": _FIXTURE,
     "rectrain.datasets.test_utils.criteo_test_utils": _FIXTURE,
@@ -109,6 +110,8 @@ ALLOWED = {
     "last state; the engine's TouchedRows keeps ids only, as bitmaps",
     "rectrain.distributed.feature_score_utils": "TorchRec's feature-score rules of virtual-table eviction; "
     "no engine counterpart (rectrain runs no virtual table)",
+    "rectrain.distributed.logger": "TorchRec's method logger and its per-call-site caps, which have no "
+    "engine counterpart",
     "rectrain.inference.modules": "TorchRec's module swap (quantize_embeddings) onto recserve's quantized "
     "lookups: the only one, the kernels are recserve's",
     "rectrain.metrics.auc": _ENGINE_PACKAGE,

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import MultiPassPrefetchConfig
 from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
 
@@ -20,7 +21,13 @@ from rectrain.distributed.interfaces.awaitable import (
     LazyNoWait,
     NoWait,
 )
+from rectrain.distributed.interfaces.bucketize import ShardingBucketMetadata
 from rectrain.distributed.interfaces.sharded_module import ShardedModule
+from rectrain.distributed.parallel.dmp_collection import (
+    DMPCollectionConfig,
+    DMPCollectionContext,
+    ShardingStrategy,
+)
 from rectrain.distributed.parallel.sharders import BaseEmbeddingSharder as ModuleSharder
 from rectrain.embedding.config import DataType
 from rectrain.planner.constraints import KeyValueParams
@@ -84,6 +91,8 @@ __all__ = [
     "CacheParams",
     "CacheStatistics",
     "DataType",
+    "DMPCollectionConfig",
+    "DMPCollectionContext",
     "EmbeddingModuleShardingPlan",
     "GetItemLazyAwaitable",
     "KeyValueParams",
@@ -91,6 +100,7 @@ __all__ = [
     "LazyGetItemMixin",
     "LazyNoWait",
     "ModuleSharder",
+    "MultiPassPrefetchConfig",
     "NoWait",
     "ParameterSharding",
     "PipelineType",
@@ -98,7 +108,9 @@ __all__ = [
     "ShardedModule",
     "ShardedTensor",
     "ShardedTensorMetadata",
+    "ShardingBucketMetadata",
     "ShardingEnv",
     "ShardingPlan",
+    "ShardingStrategy",
     "ShardingType",
 ]

@@ -96,6 +96,10 @@ class FusedEmbeddingOptimizer(KeyedOptimizer):
         self._state_fn = state_fn
         self._refresh_state()
 
+    def __call__(self) -> FusedEmbeddingOptimizer:
+        """Itself: TorchRec's fused modules spell it ``module.fused_optimizer()``."""
+        return self
+
     def _refresh_state(self) -> None:
         self.state.clear()
         for key, values in self._state_fn().items():

@@ -6,6 +6,9 @@ has the input's keys once per bucket (bucket-major), ready for a KJT all-to-all;
 within its bucket unless ``keep_original_indices``.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 import fbgemm_gpu  # noqa: F401 - registers torch.ops.fbgemm
 import torch
 from torch import Tensor
@@ -95,3 +98,36 @@ def bucketize_kjt_before_all2all(
         keep_orig_idx=keep_original_indices,
     )
     return _bucketed_kjt(kjt, num_buckets, ids, lengths, positions if bucketize_pos else weights), permute
+
+
+@dataclass
+class ShardingBucketMetadata:
+    """A row-wise table cut into equal buckets: buckets in each shard, each shard's first bucket, rows per
+    bucket (TorchRec's ``ShardingBucketMetadata``)."""
+
+    num_buckets_per_shard: list[int]
+    bucket_offsets_per_shard: list[int]
+    bucket_size: int
+
+
+def get_bucket_metadata_from_shard_metadata(shards: list[Any], num_buckets: int) -> ShardingBucketMetadata:
+    """The buckets of a row-wise table's shards (``ShardMetadata``) when its rows are cut into
+    ``num_buckets`` equal buckets; AssertionError, as TorchRec's, when they do not divide evenly."""
+    assert len(shards) > 0, "Shards cannot be empty"
+    table_size = shards[-1].shard_offsets[0] + shards[-1].shard_sizes[0]
+    assert table_size % num_buckets == 0, (
+        f"Table size '{table_size}' must be divisible by num_buckets '{num_buckets}'"
+    )
+    size = table_size // num_buckets
+    metadata = ShardingBucketMetadata([], [], size)
+    for shard in shards:
+        assert len(shard.shard_offsets) == 1 or shard.shard_offsets[1] == 0, (
+            f"Shard shard_offsets[1] '{shard.shard_offsets[1]}' is not 0. Table should be only row-wise "
+            "sharded for bucketization"
+        )
+        assert shard.shard_sizes[0] % size == 0, (
+            f"Shard size[0] '{shard.shard_sizes[0]}' is not divisible by bucket size '{size}'"
+        )
+        metadata.bucket_offsets_per_shard.append(sum(metadata.num_buckets_per_shard))
+        metadata.num_buckets_per_shard.append(shard.shard_sizes[0] // size)
+    return metadata

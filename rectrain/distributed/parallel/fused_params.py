@@ -19,14 +19,16 @@ does, ``bounds_check_mode()``) is honoured by the id check; UVM caching (``cache
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 
-from rectrain.embedding.config import BaseEmbeddingConfig, EmbOptimType, FusedOptimizerConfig
+from rectrain.embedding.config import BaseEmbeddingConfig, DataType, EmbOptimType, FusedOptimizerConfig
 from rectrain.errors import ConfigError
 from rectrain.optim import optimizers as trec_optimizers
 from rectrain.optim.rowwise_adagrad import RowWiseAdagrad
@@ -87,6 +89,16 @@ _CACHE_PARAMS = (
     "prefetch_pipeline",
     "cache_prefetch_pipeline",
 )
+
+# CacheParams' fields -> their fused-params names.
+_CACHE_FIELDS = {
+    "algorithm": "cache_algorithm",
+    "load_factor": "cache_load_factor",
+    "reserved_memory": "cache_reserved_memory",
+    "precision": "cache_precision",
+    "prefetch_pipeline": "prefetch_pipeline",
+    "multipass_prefetch_config": "multipass_prefetch_config",
+}
 
 
 def _optimizer_type(value: Any, where: str) -> EmbOptimType:
@@ -150,13 +162,29 @@ def in_backward_params(weight: torch.Tensor, where: str) -> dict[str, Any] | Non
     kwargs = getattr(weight, "_optimizer_kwargs", [{}])
     if len(classes) != 1 or len(kwargs) != 1:
         raise ConfigError(f"{where}: {len(classes)} in-backward optimizers; a sharded table takes one")
-    cls = classes[0]
+    return optimizer_params(classes[0], kwargs[0], f"{where}: in-backward optimizer")
+
+
+def config_from_optimizer(
+    cls: type, kwargs: Mapping[str, Any], where: str, location: Any = None
+) -> FusedOptimizerConfig:
+    """A ``FusedOptimizerConfig`` from a torch/TorchRec optimizer class and its arguments (TorchRec's fused
+    modules' ``optimizer_type``/``optimizer_kwargs``); FBGEMM's UVM ``location`` s are refused by name."""
+    if getattr(location, "name", "DEVICE") not in ("DEVICE", "HOST"):
+        raise ConfigError(
+            f"{where}: location={location.name} asks for UVM placement, which rectrain does not implement; "
+            "leave it out (the tables live whole on `device`)"
+        )
+    return config_from_fused_params(optimizer_params(cls, kwargs, f"{where}: optimizer_type"), where)
+
+
+def optimizer_params(cls: type, kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Fused params of a torch/TorchRec optimizer class and its arguments (``config_from_fused_params``
+    reads them); ConfigError for a class without a fused kernel."""
     if cls not in _CLASSES:
         names = sorted(c.__module__.split(".")[0] + "." + c.__name__ for c in _CLASSES)
-        raise ConfigError(
-            f"{where}: in-backward optimizer {cls.__name__} has no fused kernel; use one of {names}"
-        )
-    return {"optimizer": _CLASSES[cls], **kwargs[0]}
+        raise ConfigError(f"{where} {cls.__name__} has no fused kernel; use one of {names}")
+    return {"optimizer": _CLASSES[cls], **kwargs}
 
 
 def resolve(
@@ -224,3 +252,39 @@ def table_weights(
     """``{table name: weight}`` of an unsharded collection (``attribute``: embedding_bags or embeddings)."""
     tables_module = getattr(module, attribute)
     return {t.name: tables_module[t.name].weight for t in tables}
+
+
+def merge_fused_params(
+    fused_params: dict[str, Any] | None = None, param_fused_params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A copy of ``fused_params`` updated with a table's own (``lr`` spelled ``learning_rate``), as TorchRec
+    merges a sharder's fused params with a table's."""
+    own = dict(param_fused_params or {})
+    if "lr" in own:
+        own["learning_rate"] = own.pop("lr")
+    return {**copy.deepcopy(fused_params or {}), **own}
+
+
+def add_params_from_parameter_sharding(
+    fused_params: dict[str, Any] | None, parameter_sharding: Any
+) -> dict[str, Any]:
+    """``fused_params`` (updated in place) with the table's kernel options from its ``ParameterSharding``
+    (cache params, ``enforce_hbm``, ``stochastic_rounding``, ``bounds_check_mode``, ``output_dtype``), which
+    take precedence, as in TorchRec; ``resolve``/``config_from_fused_params`` then honour or refuse each."""
+    fused_params = {} if fused_params is None else fused_params
+    cache = parameter_sharding.cache_params
+    for field, key in _CACHE_FIELDS.items():
+        if cache is not None and getattr(cache, field, None) is not None:
+            fused_params[key] = getattr(cache, field)
+    for key in ("enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype"):
+        if getattr(parameter_sharding, key, None) is not None:
+            fused_params[key] = getattr(parameter_sharding, key)
+    return fused_params
+
+
+def convert_to_fbgemm_types(fused_params: dict[str, Any]) -> dict[str, Any]:
+    """``fused_params`` with its ``DataType`` precisions as FBGEMM's ``SparseType`` (in place)."""
+    for key in ("cache_precision", "weights_precision", "output_dtype"):
+        if isinstance(fused_params.get(key), DataType):
+            fused_params[key] = SparseType(fused_params[key].value.lower())
+    return fused_params

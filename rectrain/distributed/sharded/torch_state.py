@@ -56,14 +56,6 @@ def sharded_tensor(
 
     Built from the plan's global metadata, so no collective runs (TorchRec builds its state the same way).
     """
-    if not local:
-        # A rank without a shard holds an empty one: torch.distributed.checkpoint drops a ShardedTensor
-        # without local shards from its load plan and then misreads the whole checkpoint as an old format.
-        # It sits past the last row, where no real shard starts: DCP de-duplicates the chunks of a save by
-        # (key, offset), and would keep the empty one instead of a real shard at the same offset.
-        offsets, empty = [size[0]] + [0] * (len(size) - 1), [0] * len(size)
-        local = [(offsets, empty, torch.empty(empty, dtype=dtype, device=device))]
-        shards = [*shards, (offsets, empty, env.rank)]
     metadata = ShardedTensorMetadata(
         shards_metadata=[ShardMetadata(o, n, placement(r, env, device)) for o, n, r in shards],
         size=torch.Size(size),
@@ -86,8 +78,17 @@ def to_torch(table: ShardedTable, env: ShardingEnv, device: torch.device) -> Ten
         (_, tensor), *_ = table.local_shards
         return tensor.detach()
     spec = [s for s in table.sharding.sharding_spec or [] if s.num_rows]  # as shard_tables_of: no empty ones
+    local = [(s.shard_offsets, s.shard_sizes, t) for s, t in table.local_shards]
+    if not local:
+        # As TorchRec: a rank the plan gives a block of no rows (row-wise, rows not divisible by the ranks)
+        # holds that empty shard; a rank the plan gives nothing (table-wise elsewhere) holds no shard.
+        empty = [s for s in table.sharding.sharding_spec or [] if not s.num_rows and s.rank == env.rank]
+        spec += empty
+        local = [
+            (s.shard_offsets, s.shard_sizes, torch.empty(s.shard_sizes, dtype=table.dtype)) for s in empty
+        ]
     return sharded_tensor(
-        [(s.shard_offsets, s.shard_sizes, t) for s, t in table.local_shards],
+        local,
         [(s.shard_offsets, s.shard_sizes, s.rank) for s in spec],
         list(table.global_shape),
         table.dtype,

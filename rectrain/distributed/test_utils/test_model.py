@@ -10,12 +10,12 @@ lacks (feature-processed collections, managed-collision arches, sequence arches)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from rectrain.distributed.test_utils.model_input import ModelInput
 from rectrain.embedding.config import EmbeddingBagConfig
 from rectrain.embedding.embedding_bag_collection import EmbeddingBagCollection
 from rectrain.errors import ConfigError
@@ -24,27 +24,6 @@ from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 DENSE_LAYER_OUT_SIZE = 8
 OVER_ARCH_OUT_SIZE = 16
-
-
-@dataclass
-class ModelInput:
-    """One batch: dense features, unweighted and weighted sparse features, labels."""
-
-    float_features: torch.Tensor
-    idlist_features: KeyedJaggedTensor | None
-    idscore_features: KeyedJaggedTensor | None
-    label: torch.Tensor
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> ModelInput:
-        def move(x: Any) -> Any:
-            return None if x is None else x.to(device=device, non_blocking=non_blocking)
-
-        return ModelInput(
-            move(self.float_features),
-            move(self.idlist_features),
-            move(self.idscore_features),
-            move(self.label),
-        )
 
 
 def _width(tables: list[EmbeddingBagConfig]) -> int:
