@@ -1,7 +1,7 @@
 """TorchRec's 2D-parallel configuration (``DMPCollection``: a model sharded over groups of
 ``sharding_group_size`` ranks and replicated across the groups).
 
-rectrain shards a model over the one world of ``DistributedModelParallel`` (``DMPCollection`` is refused by name);
+rectrain shards a model over the one world of ``DistributedModelParallel`` (``DMPCollection``: refused);
 these are TorchRec's configuration types only, so code that builds them imports and compares them.
 """
 
