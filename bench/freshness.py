@@ -31,10 +31,8 @@ both runs share the machine with the same serving load. It prints one line per f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -87,33 +85,9 @@ keep_last = 1
 
 
 def start_training(args: argparse.Namespace, config: Path) -> subprocess.Popen:
-    """torchrun with ``--ranks`` ranks; its output (and the ranks') goes to ``trainer.log`` beside the
-    config, shown only when the trainer ends otherwise than as ``stop_training`` ends it."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.ranks}"]
     command += ["-m", "rectrain", "train", "--config", str(config), "--no-progress"]
-    with open(config.parent / "trainer.log", "wb") as log:
-        return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
-
-
-def stop_training(process: subprocess.Popen, log: Path) -> None:
-    """SIGTERM to the ranks, not to torchrun: each checkpoints and exits 143 (stopped, resumable), and
-    torchrun, which was not signalled, reports that and ends (signalled itself, it raises a
-    ``SignalException``). Shows the log when a rank ended otherwise."""
-    if process.poll() is None:
-        ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout
-        for rank in map(int, ranks.split()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rank, signal.SIGTERM)
-        try:
-            process.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    text = log.read_text(errors="replace") if log.exists() else ""
-    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
-    if process.returncode != 0 and not codes <= {"143"}:
-        print(f"freshness: the trainer ended with {process.returncode}; its log's end:", file=sys.stderr)
-        print(text[-4000:], file=sys.stderr)
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
 def throughput(metrics: Path, since: float | None = None) -> float:
@@ -316,7 +290,6 @@ def main() -> None:
         port, metrics_port = free_port(), free_port()
         command = [sys.executable, "-m", "recserve.cli", "serve", "--follow", str(publish)]
         command += ["--port", str(port), "--workers", str(args.workers), "--metrics-port", str(metrics_port)]
-        command += ["--admin-port", str(free_port())]  # not the default: another server may hold it
         server = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
         baseline = None
         try:
@@ -342,7 +315,7 @@ def main() -> None:
                 wait_for(served_enough, args.timeout, f"{args.publishes} served deltas")
                 memory.stop()
                 publishing = throughput(online / "metrics.jsonl", since=load.replies[0][1])
-                stop_training(trainer, online / "trainer.log")
+                stop(trainer)
                 # The same training without publishing, under the same serving load (the server keeps
                 # serving the last version).
                 baseline = start_training(args, run_config(args, root / "baseline", publish=False))
@@ -350,7 +323,7 @@ def main() -> None:
                 wait_for(log.exists, args.timeout, "its first log")
                 time.sleep(args.baseline_s)
                 wait_for(lambda: train_windows(log) >= 5, args.timeout, "5 logged windows (2 of warm-up)")
-                stop_training(baseline, root / "baseline" / "trainer.log")
+                stop(baseline)
                 replies_until = memory.stopped_at
             not_publishing = throughput(root / "baseline" / "metrics.jsonl")
             print(f"train examples/s publishing {publishing:.0f}", flush=True)

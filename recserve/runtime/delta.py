@@ -132,7 +132,7 @@ def read_delta(
     if not isinstance(files, dict) or sorted(files) != sorted(DELTA_FILES):
         listed = sorted(files) if isinstance(files, dict) else files
         raise PackageError(f"{where}: files: expected exactly {sorted(DELTA_FILES)}, got {listed!r}")
-    verify_listed_files(path, files, hashes=False)  # each file is hashed as it is read (``_load``)
+    verify_listed_files(path, files)
     return Delta(
         base_version=base.version,
         sequence=data["sequence"],
@@ -285,13 +285,9 @@ def _load(path: Path, sha256: str) -> dict[str, Tensor]:
             got = file.readinto(data)
     except OSError as error:
         raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
-    if got != len(data):
-        raise PackageError(f"{path}: changed while it was read ({got} of {len(data)} bytes)")
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
+    if got != len(data) or hashlib.sha256(data).hexdigest() != sha256:
         raise PackageError(
-            f"{path}: sha256 {digest} does not match {MANIFEST_FILE} ({sha256}); the file is corrupt or was "
-            "changed after it was written"
+            f"{path}: changed after it was verified (sha256 no longer matches {MANIFEST_FILE})"
         )
     try:
         return tensors_of_bytes(data, path)

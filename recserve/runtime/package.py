@@ -226,15 +226,10 @@ def verify_files(package_dir: str | Path, manifest: PackageManifest) -> None:
 
 
 def verify_listed_files(
-    directory: str | Path,
-    files: dict[str, dict[str, Any]],
-    folders: tuple[str, ...] = (),
-    *,
-    hashes: bool = True,
+    directory: str | Path, files: dict[str, dict[str, Any]], folders: tuple[str, ...] = ()
 ) -> None:
     """``verify_files`` for any directory whose ``manifest.json`` lists ``files`` (a package, a delta);
-    ``folders``: sub-directories the caller verifies itself (a pipeline's stage packages); ``hashes=False``:
-    all but the sha256, for a caller that hashes the bytes it reads (one read, not two)."""
+    ``folders``: sub-directories the caller verifies itself (a pipeline's stage packages)."""
     where = Path(directory) / MANIFEST_FILE
     if not files:
         raise PackageError(
@@ -259,8 +254,6 @@ def verify_listed_files(
         size = path.stat().st_size
         if size != entry.get("bytes"):
             raise PackageError(f"{path}: {size} bytes, but {MANIFEST_FILE} records {entry.get('bytes')}")
-        if not hashes:
-            continue
         digest = sha256_file(path)
         if digest != entry.get("sha256"):
             raise PackageError(

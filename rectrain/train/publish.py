@@ -1,16 +1,11 @@
 """Delta publishing: the trainer writes what a following server (``recserve serve --follow DIR``) applies.
 
 At every ``publish.every_seconds`` (rank 0's clock; the ranks agree at a step boundary) the rows that the
-trained batches read since the last publish (``TouchedRows``, per rank) are united over the ranks, and each
-rank copies the rows it holds of those (fp32, as they are at this step; rank 0 the dense state too). That is
-all the training step waits for. The rest runs on each rank's publishing thread, at a lower priority (nice +
-5), from those copies (so the bytes are the step's, while training goes on): each rank quantizes its whole
-rows as the export quantizes them and hands them to rank 0 in one tensor gather on the threads' own group
-(pieces of column-sharded rows go as fp32; rank 0 joins and quantizes those), and rank 0 writes them with the
-dense state as the next delta of the newest base (``recserve.export.delta``). One delta is in the works at a
-time: while rank 0's thread is busy, a publish that falls due waits for the next step (its rows keep
-accumulating), so the training step never waits for the thread. A data-parallel table is published whole: its
-dense optimizer may move rows no batch read.
+trained batches read since the last publish (``TouchedRows``, per rank) are united over the ranks; each rank
+quantizes the whole rows of those it holds, as the export quantizes them, and hands them to rank 0 in one
+tensor gather (pieces of column-sharded rows go as fp32; rank 0 joins and quantizes those), and rank 0 writes
+them with the dense state as the next delta of the newest base (``recserve.export.delta``), on a background
+thread. A data-parallel table is published whole: its dense optimizer may move rows no batch read.
 
 A base is cut at the start of a run and every ``publish.base_every`` deltas: the ranks save a checkpoint (the
 run's own) and rank 0 exports it into ``DIR/<N>`` on a background thread of low priority, streamed from that
@@ -24,6 +19,7 @@ removed first.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import threading
@@ -47,7 +43,6 @@ from rectrain.checkpoint import model_state
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.comm.timeouts import collective, new_group
 from rectrain.errors import ConfigError
-from rectrain.priority import lower_thread_priority
 from rectrain.train.config import RunConfig
 from rectrain.train.sync import RankAgreement
 from rectrain.train.touched import TouchedRows
@@ -84,9 +79,6 @@ class Publisher:
         self.rank = env.rank if env is not None else 0
         world = env.world_size if env is not None and env.pg is not None else 1
         self._group = new_group(backend="gloo") if world > 1 else None
-        # The publishing threads' own group: their gathers never interleave with the training thread's
-        # collectives (each group sees its collectives in one order on every rank).
-        self._thread_group = new_group(backend="gloo") if world > 1 else None
         self._agreement = agreement  # the job's: one side group for every per-step agreement
         self.tables = list(config.model.tables)
         self.touched = TouchedRows(self.tables)
@@ -100,11 +92,7 @@ class Publisher:
         self._sequence = 0
         self._pending: _BaseExport | None = None
         self._since_cut: list[Tensor] | None = None
-        # Every rank's publishing thread: quantize, gather, and (rank 0) write, in the order submitted.
-        # Nice + 5, not the base export's + 10: a delta is late by as long as this thread waits for the CPU.
-        self._writer = ThreadPoolExecutor(
-            1, "delta-publish", initializer=lower_thread_priority, initargs=(5,)
-        )
+        self._writer = ThreadPoolExecutor(1, "delta-writer") if self.rank == 0 else None
         self._last_write: Future | None = None
         self._publishes_since_cut = 0
         self._delta_failed = False
@@ -131,8 +119,7 @@ class Publisher:
         flags = 0
         if self.rank == 0:
             due = time.monotonic() - self._last_time >= self.options.every_seconds
-            # Not while the last delta is in the works: the step would wait for it (the rows wait instead).
-            flags = self._flags(due and (self._last_write is None or self._last_write.done()), wait=False)
+            flags = self._flags(due, wait=False)
         flags = self._agreement.most(flags)
         if flags & (_DUE | _BASE_DONE | _BASE_FAILED | _DELTA_FAILED):
             self._publish(step, flags, cut)
@@ -146,7 +133,8 @@ class Publisher:
             self._publish(step, flags, cut, final=True)
         if self._last_write is not None:
             self._last_write.result()
-        self._writer.shutdown()
+        if self._writer is not None:
+            self._writer.shutdown()
 
     def wait_for_export(self) -> None:
         """Let a running base export finish reading its checkpoint (before a save may retire that one)."""
@@ -219,8 +207,6 @@ class Publisher:
 
     def _switch_base(self) -> None:
         assert self._pending is not None
-        if self._last_write is not None:  # the old base's last delta lands before older bases are retired
-            self._last_write.exception()
         self._base = self._pending.version
         logger.info("publish: base %s (step %d) is complete", self._base, self._pending.step)
         self._sequence, self._pending = 0, None
@@ -254,50 +240,35 @@ class Publisher:
         return [torch.cat([parts[t] for parts in per_rank]).unique() for t in range(len(local))]
 
     def _write(self, step: int, changed: list[Tensor], wall_time: float) -> None:
-        """Copy this step's changed rows (and, rank 0, the dense state), and hand the copies to the
-        publishing thread, which makes and writes the next delta from them."""
-        if self._last_write is not None and self._last_write.done() and self.rank != 0:
-            self._last_write.result()  # this rank's part of the last delta failed: so does the run
-        local = self._local_rows(changed)
-        dense = {}
-        if self.rank == 0:
-            dense = {
-                k[len(self._prefix) :]: v.detach().to("cpu", copy=True)
-                for k, v in model_state.dense_state(self._model).items()
-                if k.startswith(self._prefix)
-            }
+        """Gather the changed rows to rank 0 and write them as the next delta there (in the background)."""
+        parts = self._gather(self._local_rows(changed))
         self._sequence += 1
+        if self._writer is None:
+            return
+        rows = self._assemble(changed, parts)
+        dense = {
+            k[len(self._prefix) :]: v.detach().to("cpu", copy=True)
+            for k, v in model_state.dense_state(self._model).items()
+            if k.startswith(self._prefix)
+        }
+        if self._last_write is not None:
+            self._last_write.result()
         base, sequence = self._base, self._sequence
         self._last_write = self._writer.submit(
-            self._make_delta, local, changed, dense, base, sequence, step, wall_time
+            write_delta, self.dir, base, sequence, step, rows, dense, wall_time=wall_time
         )
 
-    def _make_delta(
-        self,
-        local: list[_Piece],
-        changed: list[Tensor],
-        dense: dict[str, Tensor],
-        base: str,
-        sequence: int,
-        step: int,
-        wall_time: float,
-    ) -> Path | None:
-        """The publishing thread: this rank's rows quantized and gathered to rank 0, which writes them."""
-        parts = self._gather([self._quantized(p) for p in local])
-        if self.rank != 0:
-            return None
-        rows = self._assemble(changed, parts)
-        return write_delta(self.dir, base, sequence, step, rows, dense, wall_time=wall_time)
-
     def _local_rows(self, changed: list[Tensor]) -> list[_Piece]:
-        """Copies of the pieces of ``changed`` this rank holds, fp32, as they are at this step (the training
-        thread: the rows move with the next step)."""
+        """The pieces of ``changed`` this rank holds: whole rows quantized here, as the export quantizes
+        them (row-wise: a row's bytes depend on that row alone), so that rank 0 neither gathers fp32 nor
+        quantizes every rank's rows; pieces of column-sharded rows stay fp32 (a row's scale needs all of
+        it), joined and quantized on rank 0."""
         out = []
         for index, (table, ids) in enumerate(zip(self._pieces, changed)):
             if table.replicated and table.sharding_type != model_state.UNSHARDED:
                 if self.rank == 0:  # a data-parallel table: all of it
-                    weight = table.pieces[0].weight.detach().to("cpu", torch.float32, copy=True)
-                    out.append(_Piece(index, torch.arange(weight.shape[0]), 0, weight))
+                    weight = table.pieces[0].weight.detach()
+                    out.append(self._piece(index, torch.arange(weight.shape[0]), 0, weight))
                 continue
             for piece in table.pieces:
                 shard = piece.shard
@@ -305,28 +276,25 @@ class Publisher:
                 if inside.numel():
                     local = (inside - shard.row_offset).to(piece.weight.device)
                     rows = piece.weight.detach().index_select(0, local)  # not [local]: 3x slower on CPU
-                    out.append(_Piece(index, inside, shard.col_offset, rows.to("cpu", torch.float32)))
+                    out.append(self._piece(index, inside, shard.col_offset, rows))
         return out
 
-    def _quantized(self, piece: _Piece) -> _Piece:
-        """Whole rows quantized as the export quantizes them (row-wise: a row's bytes depend on that row
-        alone), so that rank 0 neither gathers fp32 nor quantizes every rank's rows; pieces of
-        column-sharded rows stay fp32 (a row's scale needs all of it), joined and quantized on rank 0."""
-        if piece.rows.shape[1] != self.tables[piece.table].embedding_dim:
-            return _Piece(piece.table, piece.ids, piece.col, piece.rows.contiguous())
-        quantized = quantize_table(piece.rows, self.options.dtype)
-        return _Piece(piece.table, piece.ids, piece.col, kernel_rows(quantized.weights, quantized.scale_bias))
+    def _piece(self, index: int, ids: Tensor, col: int, rows: Tensor) -> _Piece:
+        rows = rows.to("cpu", torch.float32)
+        if rows.shape[1] != self.tables[index].embedding_dim:
+            return _Piece(index, ids, col, rows.contiguous())
+        quantized = quantize_table(rows, self.options.dtype)
+        return _Piece(index, ids, col, kernel_rows(quantized.weights, quantized.scale_bias))
 
     def _gather(self, local: list[_Piece]) -> list[list[_Piece]]:
         """Every rank's pieces, on rank 0 (others get []): the layouts as objects (a few numbers), the
-        bytes in one tensor gather (no pickling of rows); collective over the publishing threads."""
-        group = self._thread_group
-        if group is None:
+        bytes in one tensor gather (no pickling of rows); collective."""
+        if self._group is None:
             return [local]
         layout = [(p.table, p.ids.numel(), p.col, str(p.rows.dtype), p.rows.shape[1]) for p in local]
-        layouts: list[Any] = [None] * dist.get_world_size(group)
-        with collective("all_gather_object (publish layouts)", group):
-            dist.all_gather_object(layouts, layout, group=group)
+        layouts: list[Any] = [None] * dist.get_world_size(self._group)
+        with collective("all_gather_object (publish layouts)", self._group):
+            dist.all_gather_object(layouts, layout, group=self._group)
         sizes = [sum(8 * n + _aligned(n * w * _ITEM[d]) for _, n, _, d, w in rank) for rank in layouts]
         flat = torch.zeros(max(1, *sizes), dtype=torch.uint8)
         at = 0
@@ -336,8 +304,8 @@ class Publisher:
                 flat[at : at + data.numel()] = data
                 at += _aligned(data.numel())  # the next ids start at a multiple of 8 bytes
         gathered = [torch.empty_like(flat) for _ in layouts] if self.rank == 0 else None
-        with collective("gather (publish rows)", group):
-            dist.gather(flat, gathered, dst=0, group=group)
+        with collective("gather (publish rows)", self._group):
+            dist.gather(flat, gathered, dst=0, group=self._group)
         if gathered is None:
             return []
         return [_unpack(buffer, rank) for buffer, rank in zip(gathered, layouts)]
@@ -397,10 +365,20 @@ def _in_background(future: Future, name: str, fn: Callable[..., Any], *args: Any
     base export (what it leaves is a dot-named staging folder, removed by the next run)."""
 
     def run() -> None:
-        lower_thread_priority()
+        _lower_priority()
         try:
             future.set_result(fn(*args))
         except BaseException as error:  # noqa: BLE001 - reported by the publisher at the next publish
             future.set_exception(error)
 
     threading.Thread(target=run, name=name, daemon=True).start()
+
+
+def _lower_priority(by: int = 10) -> None:
+    """Make this thread yield the CPU to training (Linux threads have their own nice value): a base export
+    is background work that spends its time in I/O and GIL-free kernels; elsewhere it keeps its priority."""
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + by))
+    except (AttributeError, OSError):
+        pass

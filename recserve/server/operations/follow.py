@@ -6,12 +6,12 @@ changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one
 1. asks the :class:`~recserve.server.operations.reload.Reloader` to swap in a newer base, as ``--watch``
    does; the reloader's load function is :meth:`Follower.load`, so the new base is loaded beside the serving
    one and catches up on its deltas before it serves (so does the first base, at start);
-2. reads and verifies the next deltas of the serving base (``read_delta``: checksums, base, sequence, dtypes),
-   as many as are complete (a server starting on a base with many deltas, or one catching up, folds them into
-   one: latest row wins), prepares the next version on this thread beside serving, at a lower priority (nice +
-   5) than the threads scoring batches (``Predictor.prepare_delta``), then swaps it in in the runner's turn
-   between two batches (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one
-   version and the batch path waits only for the swap.
+2. reads and verifies the next deltas of the serving base (``read_delta``: checksums, base, sequence,
+   dtypes), as many as are complete (a server starting on a base with many deltas, or one catching up,
+   folds them into one: latest row wins), prepares the next version on this thread beside serving
+   (``Predictor.prepare_delta``), then swaps it in in the runner's turn between two batches
+   (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version and the
+   batch path waits only for the swap.
 
 ``apply_delta`` keeps the changed rows in a per-worker overlay: the tables the workers map from the base's
 files are never written or copied here.
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 from recserve.errors import PackageError
 from recserve.server.dataplane.runner import ModelRunner
 from recserve.server.operations.metrics import ServerMetrics
-from rectrain.priority import lower_thread_priority
 
 if TYPE_CHECKING:
     from recserve.runtime.package import PackageManifest
@@ -120,9 +119,6 @@ class Follower:
         self._thread.start()
 
     def _run(self, poll_bases: Callable[[], None], current: Callable[[], ModelRunner | None]) -> None:
-        # Reading, verifying and preparing a delta is background work: the threads scoring batches come
-        # first (its bulk work is GIL-free torch ops and I/O, so a lower priority never stalls them).
-        lower_thread_priority(5)  # + 5, not more: freshness waits for this thread too
         last_error = ""
         while not self._stop.wait(self._interval_s):
             try:
