@@ -72,7 +72,8 @@ def _run(name: str, args: list[str], repeats: int, keep: bool, results: Path) ->
         exit_code=code,
         runs=runs,
     )
-    if keep and code == 0 and runs:
+    asked_for_help = bool({"-h", "--help"} & set(args))  # a usage text is no result
+    if keep and code == 0 and any(runs) and not asked_for_help:
         print(f"recorded {record(result, results)}")
     return code
 

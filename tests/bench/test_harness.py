@@ -51,6 +51,12 @@ def test_list_names_every_benchmark_and_each_is_a_script():
     assert bench("nonesuch").returncode == 2
 
 
+def test_a_benchmarks_usage_text_is_shown_and_not_recorded(tmp_path):
+    done = bench("--results", str(tmp_path), "freshness", "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+    assert "recorded " not in done.stdout and not list(tmp_path.rglob("*.json"))
+
+
 @pytest.mark.slow
 def test_a_run_is_recorded_with_machine_versions_and_figures(tmp_path):
     done = bench("--results", str(tmp_path), "compute_bound")
