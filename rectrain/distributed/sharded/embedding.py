@@ -18,11 +18,11 @@ from collections.abc import Mapping
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
-from torch import Tensor, nn
+from torch import Tensor
 
 from rectrain.distributed.comm.env import ShardingEnv
-from rectrain.distributed.routing.id_check import BoundsCheckMode, IdCheck
-from rectrain.distributed.routing.input_dist import FeatureSelector, ShardInput, to_shard_input
+from rectrain.distributed.routing.id_check import BoundsCheckMode
+from rectrain.distributed.routing.input_dist import ShardInput, to_shard_input
 from rectrain.distributed.routing.sequence_dist import (
     SequenceAssembler,
     build_sequence_routing,
@@ -30,16 +30,14 @@ from rectrain.distributed.routing.sequence_dist import (
     return_rows,
     send_ids,
 )
-from rectrain.distributed.sharded import weights as shard_weights
 from rectrain.distributed.sharded.sequence_data_parallel import SequenceDataParallel
-from rectrain.distributed.sharded.table import ShardedTable
-from rectrain.distributed.sharded.torch_state import install_state_dict_hooks
+from rectrain.distributed.sharded.weights import ShardedCollection
 from rectrain.embedding import EmbeddingCollection
 from rectrain.embedding.config import FusedOptimizerConfig
 from rectrain.embedding.fused_tables import FusedTables
 from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
 from rectrain.errors import ConfigError
-from rectrain.planner.types import ParameterSharding, Shard
+from rectrain.planner.types import ParameterSharding
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
 
 
@@ -63,7 +61,7 @@ def sequence_lookup(tables: FusedTables | None, shard_input: ShardInput) -> list
     return rows
 
 
-class ShardedEmbeddingCollection(nn.Module):
+class ShardedEmbeddingCollection(ShardedCollection):
     """The sharded form of ``ec`` on this rank: only this rank's shards are allocated.
 
     Args:
@@ -78,6 +76,8 @@ class ShardedEmbeddingCollection(nn.Module):
             ``fused_params["bounds_check_mode"]`` under DMP).
     """
 
+    prefix = "embeddings"
+
     def __init__(
         self,
         ec: EmbeddingCollection,
@@ -89,13 +89,9 @@ class ShardedEmbeddingCollection(nn.Module):
         bounds_check_mode: BoundsCheckMode = BoundsCheckMode.FATAL,
     ) -> None:
         super().__init__()
-        tables = ec.embedding_configs()
-        self.env, self._device, self._need_indices = env, device, ec.need_indices()
-        self._tables = list(tables)
-        self._shardings = shard_weights.plan_of(tables, shardings)
-        tables = shard_weights.key_value_on_disk(tables, self._shardings, torch.device(device))
+        self._need_indices = ec.need_indices()
+        tables, routed = self._plan(ec.embedding_configs(), shardings, env, device)
         optimizer = fused_optimizer or ec.fused_optimizer_config
-        routed = shard_weights.routed_shardings(self._shardings)
         if ec.fused_optimizer_config is None and len(routed) < len(tables):
             raise ConfigError(
                 "data_parallel tables of an EmbeddingCollection built without fused_optimizer= are not "
@@ -117,15 +113,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.data_parallel = (
             SequenceDataParallel(dp_tables, names_by_table, optimizer, env, device) if dp_tables else None
         )
-        shard_weights.materialise(
-            tables, self._shardings, env.rank, ec.embeddings, ec.init_seed, self._local_weight
-        )
-
-        self._selector = FeatureSelector(self.routing.features)
-        rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._id_check = IdCheck(
-            self.routing.features, [rows[f] for f in self.routing.features], mode=bounds_check_mode
-        )
+        self._build(tables, ec, optimizer, bounds_check_mode)
         self._assembler = SequenceAssembler(self.routing)
         feature_of = {n: f for t in tables for f, n in zip(t.feature_names, names_by_table[t.name])}
         self._key_features = [
@@ -133,23 +121,6 @@ class ShardedEmbeddingCollection(nn.Module):
         ]
         self._stream_dims = [s.num_cols for s in self.routing.streams[env.rank]]
         self._embedding_names = [n for t in tables for n in names_by_table[t.name]]
-        # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
-        install_state_dict_hooks(self)
-        self._fused_optimizer = shard_weights.fused_optimizer(
-            self, self.embeddings, self.data_parallel, optimizer
-        )
-
-    def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
-        return shard_weights.local_weight(self.embeddings, self.data_parallel, table, shard_name)
-
-    @property
-    def device(self) -> torch.device:
-        """Where this rank's shards live."""
-        return self._device
-
-    @property
-    def fused_optimizer(self) -> torch.optim.Optimizer:
-        return self._fused_optimizer
 
     def embedding_configs(self) -> list:
         return self._tables
@@ -192,18 +163,3 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.data_parallel is not None:
             out.update(self.data_parallel(features, self._need_indices))
         return {name: out[name] for name in self._embedding_names}
-
-    def sharded_state(self) -> dict[str, ShardedTable]:
-        """``embeddings.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
-        return shard_weights.sharded_state(
-            "embeddings", self._tables, self._shardings, self.env.rank, self._local_weight
-        )
-
-    def sharded_optimizer_state(self) -> dict[str, list[tuple[Shard, dict[str, Tensor]]]]:
-        """``embeddings.<table>.weight`` -> this rank's shards with their fused optimizer state (views)."""
-        return shard_weights.sharded_optimizer_state(
-            "embeddings", self._tables, self._shardings, self.env.rank, self.embeddings, self.data_parallel
-        )
-
-    def extra_repr(self) -> str:
-        return shard_weights.describe(self.env, self._shardings)

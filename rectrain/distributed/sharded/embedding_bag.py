@@ -17,26 +17,24 @@ from collections.abc import Mapping
 from itertools import groupby
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.comm.pending import Pending
-from rectrain.distributed.routing.id_check import BoundsCheckMode, IdCheck
+from rectrain.distributed.routing.id_check import BoundsCheckMode
 from rectrain.distributed.routing.input_dist import (
-    FeatureSelector,
     LocalFeatures,
     send_features,
     to_shard_input,
 )
 from rectrain.distributed.routing.output_dist import PooledAssembler
 from rectrain.distributed.routing.routes import build_routing
-from rectrain.distributed.sharded import weights as shard_weights
 from rectrain.distributed.sharded.data_parallel import DataParallelTables
 from rectrain.distributed.sharded.dense_data_parallel import DenseDataParallelTables
 from rectrain.distributed.sharded.lookup import lookup
 from rectrain.distributed.sharded.row_counts import RowCounts
-from rectrain.distributed.sharded.table import ShardedTable, shard_tables_of
-from rectrain.distributed.sharded.torch_state import install_state_dict_hooks
+from rectrain.distributed.sharded.table import shard_tables_of
+from rectrain.distributed.sharded.weights import ShardedCollection
 from rectrain.embedding import EmbeddingBagCollection
 from rectrain.embedding.config import FusedOptimizerConfig, PoolingType
 from rectrain.embedding.fused_tables import FusedTables
@@ -47,7 +45,7 @@ from rectrain.planner.types import ParameterSharding, Shard, ShardingType
 from rectrain.sparse import KeyedJaggedTensor, KeyedTensor
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
+class ShardedEmbeddingBagCollection(ShardedCollection):
     """The sharded form of ``ebc`` on this rank: only this rank's shards are allocated.
 
     Args:
@@ -64,6 +62,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             ``fused_params["bounds_check_mode"]`` under DMP).
     """
 
+    prefix = "embedding_bags"
+
     def __init__(
         self,
         ebc: EmbeddingBagCollection,
@@ -75,13 +75,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         bounds_check_mode: BoundsCheckMode = BoundsCheckMode.FATAL,
     ) -> None:
         super().__init__()
-        tables = ebc.embedding_bag_configs()
-        self.env, self._device, self._is_weighted = env, device, ebc.is_weighted()
-        self._tables = list(tables)
-        self._shardings = shard_weights.plan_of(tables, shardings)
-        tables = shard_weights.key_value_on_disk(tables, self._shardings, torch.device(device))
+        self._is_weighted = ebc.is_weighted()
+        tables, routed = self._plan(ebc.embedding_bag_configs(), shardings, env, device)
         optimizer = fused_optimizer or ebc.fused_optimizer_config
-        routed = shard_weights.routed_shardings(self._shardings)
         self.routing = build_routing(tables, routed, env.world_size)
         local_tables = list(self.routing.shard_tables[env.rank])
         if len({t.data_type for t in tables}) > 1:
@@ -116,26 +112,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if dp_tables
             else None
         )
-        shard_weights.materialise(
-            tables, self._shardings, env.rank, ebc.embedding_bags, ebc.init_seed, self._local_weight
-        )
-
-        self._selector = FeatureSelector(self.routing.features)
-        rows = {f: t.num_embeddings for t in tables if t.name in routed for f in t.feature_names}
-        self._id_check = IdCheck(
-            self.routing.features, [rows[f] for f in self.routing.features], mode=bounds_check_mode
-        )
+        self._build(tables, ebc, optimizer, bounds_check_mode)
         self._assembler = PooledAssembler(self.routing, device)
         self._embedding_names = [n for names in names_by_table for n in names]
         self._dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._columns = self._output_columns(dp_tables)
         self._prefetched: tuple[KeyedJaggedTensor, LocalFeatures, Pending] | None = None
         self.row_counts: RowCounts | None = None  # off until ``track_row_counts``
-        # state_dict(): each table once, as TorchRec's ShardedTensor (plain tensor if data-parallel).
-        install_state_dict_hooks(self)
-        self._fused_optimizer = shard_weights.fused_optimizer(
-            self, self.embedding_bags, self.data_parallel, optimizer
-        )
 
     def _output_columns(self, dp_tables: list) -> Tensor | None:
         """Column order taking [routed outputs | data-parallel outputs] to the collection's table order."""
@@ -147,18 +130,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
             position += widths[name]
         order = [start[name] + c for name in self._embedding_names for c in range(widths[name])]
         return None if order == list(range(position)) else torch.tensor(order, device=self._device)
-
-    def _local_weight(self, table: str, shard_name: str | None) -> Tensor:
-        return shard_weights.local_weight(self.embedding_bags, self.data_parallel, table, shard_name)
-
-    @property
-    def device(self) -> torch.device:
-        """Where this rank's shards live."""
-        return self._device
-
-    @property
-    def fused_optimizer(self) -> torch.optim.Optimizer:
-        return self._fused_optimizer
 
     def embedding_bag_configs(self) -> list:
         return self._tables
@@ -205,23 +176,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
             values = values.index_select(1, self._columns)
         return KeyedTensor(keys=self._embedding_names, length_per_key=self._dims, values=values, key_dim=1)
 
-    def sharded_state(self) -> dict[str, ShardedTable]:
-        """``embedding_bags.<table>.weight`` -> this rank's shards of it with global shape and offsets."""
-        return shard_weights.sharded_state(
-            "embedding_bags", self._tables, self._shardings, self.env.rank, self._local_weight
-        )
-
-    def sharded_optimizer_state(self) -> dict[str, list[tuple[Shard, dict[str, Tensor]]]]:
-        """``embedding_bags.<table>.weight`` -> this rank's shards with their fused optimizer state."""
-        return shard_weights.sharded_optimizer_state(
-            "embedding_bags",
-            self._tables,
-            self._shardings,
-            self.env.rank,
-            self.embedding_bags,
-            self.data_parallel,
-        )
-
     def track_row_counts(self) -> None:
         """Count, from now on, the lookups of every row of this rank's shards while training (see
         ``row_counts``); a no-op when already counting or when the rank holds no shard."""
@@ -242,6 +196,3 @@ class ShardedEmbeddingBagCollection(nn.Module):
             for table in self._tables
             if self._shardings[table.name].sharding_type is not ShardingType.DATA_PARALLEL
         }
-
-    def extra_repr(self) -> str:
-        return shard_weights.describe(self.env, self._shardings)
