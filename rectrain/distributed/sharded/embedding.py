@@ -18,7 +18,6 @@ from collections.abc import Mapping
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
-from torch import Tensor
 
 from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.routing.id_check import BoundsCheckMode
@@ -30,6 +29,7 @@ from rectrain.distributed.routing.sequence_dist import (
     return_rows,
     send_ids,
 )
+from rectrain.distributed.sharded.lookup import sequence_lookup
 from rectrain.distributed.sharded.sequence_data_parallel import SequenceDataParallel
 from rectrain.distributed.sharded.weights import ShardedCollection
 from rectrain.embedding import EmbeddingCollection
@@ -39,26 +39,6 @@ from rectrain.embedding.layout import get_embedding_names_by_table, group_tables
 from rectrain.errors import ConfigError
 from rectrain.planner.types import ParameterSharding
 from rectrain.sparse import JaggedTensor, KeyedJaggedTensor
-
-
-def sequence_lookup(tables: FusedTables | None, shard_input: ShardInput) -> list[Tensor]:
-    """Per kernel (dim group), ``[ids, dim]`` rows of its contiguous run of streams over the global batch."""
-    if tables is None:
-        return []
-    total = sum(shard_input.batch_size_per_rank)
-    bounds = shard_input.offsets[::total].tolist() if total else None
-    rows, first = [], 0
-    for batch in tables.batches:
-        last = first + len(batch.feature_names)
-        if bounds is None:
-            dim = batch.tables[0].embedding_dim
-            rows.append(torch.zeros(0, dim, device=shard_input.indices.device, requires_grad=True))
-        else:
-            lo, hi = bounds[first], bounds[last]
-            offsets = shard_input.offsets[first * total : last * total + 1]
-            rows.append(batch(shard_input.indices[lo:hi], offsets - lo if lo else offsets))
-        first = last
-    return rows
 
 
 class ShardedEmbeddingCollection(ShardedCollection):

@@ -23,6 +23,7 @@ from rectrain.distributed.comm.env import ShardingEnv
 from rectrain.distributed.routing.input_dist import FeatureSelector, to_shard_input
 from rectrain.distributed.routing.sequence_dist import ids_per_source, transpose_blocks
 from rectrain.distributed.sharded.data_parallel import gather_global_batch
+from rectrain.distributed.sharded.lookup import sequence_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import KJTLike
 from rectrain.embedding.fused_tables import FusedTables
@@ -90,16 +91,7 @@ class SequenceDataParallel(nn.Module):
     def _global_rows(self, lengths: Tensor, values: Tensor, batches: list[int]) -> Tensor:
         """Flat rows of the global batch, feature-major then source rank (all kernels' features in order)."""
         global_input = to_shard_input(len(self._dims), lengths, values, None, batches)
-        total = sum(batches)
-        bounds = global_input.offsets[::total].tolist() if total else [0] * (len(self._dims) + 1)
-        flats, first = [], 0
-        for batch in self.tables.batches:
-            last = first + len(batch.feature_names)
-            lo, hi = bounds[first], bounds[last]
-            if hi > lo:
-                offsets = global_input.offsets[first * total : last * total + 1]
-                flats.append(batch(global_input.indices[lo:hi], offsets - lo if lo else offsets).reshape(-1))
-            first = last
+        flats = [rows.reshape(-1) for rows in sequence_lookup(self.tables, global_input) if rows.numel()]
         if not flats:
             return torch.zeros(0, device=values.device, requires_grad=True)
         return torch.cat(flats)
