@@ -63,11 +63,31 @@ def gather_global_batch(
     return lengths, values, weights, batches
 
 
-class DataParallelTables(nn.Module):
-    """The data-parallel tables of a sharded collection (replicated, fused optimizer, global-batch lookup).
+class ReplicatedTables(nn.Module):
+    """Data-parallel tables whole on every rank in one ``FusedTables`` (fused optimizer), looked up over the
+    all-gathered global batch. ``embedding_names`` maps each table to its output keys as the whole
+    collection names them; ``self.embedding_names`` lists them in kernel order."""
 
-    ``embedding_names`` maps each table to its output keys as the whole collection names them.
-    """
+    def __init__(
+        self, tables: FusedTables, embedding_names: Mapping[str, list[str]], env: ShardingEnv
+    ) -> None:
+        super().__init__()
+        self.env, self.tables = env, tables
+        ordered = [t for batch in tables.batches for t in batch.tables]
+        self.embedding_names = [n for t in ordered for n in embedding_names[t.name]]
+        self._dims = [t.embedding_dim for t in ordered for _ in t.feature_names]
+        self._selector = FeatureSelector(tuple(f for batch in tables.batches for f in batch.feature_names))
+
+    @property
+    def fused_optimizer(self) -> torch.optim.Optimizer:
+        return self.tables.fused_optimizer
+
+    def weight(self, table: str) -> Tensor:
+        return self.tables[table].weight
+
+
+class DataParallelTables(ReplicatedTables):
+    """The data-parallel tables of a sharded EmbeddingBagCollection (pooled)."""
 
     def __init__(
         self,
@@ -77,30 +97,11 @@ class DataParallelTables(nn.Module):
         env: ShardingEnv,
         device: torch.device,
     ) -> None:
-        super().__init__()
-        self.env = env
         groups = group_tables(list(tables), key=lambda t: (t.pooling, t.storage))
-        self.tables = FusedTables(
-            list(tables),
-            groups,
-            [pooling_mode(tables[g[0]].pooling) for g in groups],
-            optimizer,
-            device,
-            prefix="embedding_bags",
-        )
+        pooling = [pooling_mode(tables[g[0]].pooling) for g in groups]
+        fused = FusedTables(list(tables), groups, pooling, optimizer, device, prefix="embedding_bags")
+        super().__init__(fused, embedding_names, env)
         self._device = device
-        ordered = [t for batch in self.tables.batches for t in batch.tables]
-        self.embedding_names = [n for t in ordered for n in embedding_names[t.name]]
-        self._selector = FeatureSelector(
-            tuple(f for batch in self.tables.batches for f in batch.feature_names)
-        )
-
-    @property
-    def fused_optimizer(self) -> torch.optim.Optimizer:
-        return self.tables.fused_optimizer
-
-    def weight(self, table: str) -> Tensor:
-        return self.tables[table].weight
 
     def forward(self, features: KJTLike, weighted: bool) -> Tensor:
         """This rank's ``[batch, dims]`` pooled output, columns in kernel order (see ``embedding_names``)."""

@@ -14,15 +14,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
-from torch import Tensor, nn
+from torch import Tensor
 from torch.autograd import Function
 
 from rectrain.distributed.comm import ops as comm
 from rectrain.distributed.comm.autograd import divided_gradient
 from rectrain.distributed.comm.env import ShardingEnv
-from rectrain.distributed.routing.input_dist import FeatureSelector, to_shard_input
+from rectrain.distributed.routing.input_dist import to_shard_input
 from rectrain.distributed.routing.sequence_dist import ids_per_source, transpose_blocks
-from rectrain.distributed.sharded.data_parallel import gather_global_batch
+from rectrain.distributed.sharded.data_parallel import ReplicatedTables, gather_global_batch
 from rectrain.distributed.sharded.lookup import sequence_lookup
 from rectrain.embedding.config import EmbeddingConfig, FusedOptimizerConfig
 from rectrain.embedding.feature_routing import KJTLike
@@ -54,11 +54,8 @@ class _OwnBlocksWithGlobalGrad(Function):
         return transpose_blocks(gathered, by_rank), None, None
 
 
-class SequenceDataParallel(nn.Module):
-    """The data-parallel tables of a sharded EmbeddingCollection (replicated, fused optimizer).
-
-    ``embedding_names`` maps each table to its output keys as the whole collection names them.
-    """
+class SequenceDataParallel(ReplicatedTables):
+    """The data-parallel tables of a sharded EmbeddingCollection (per-id rows)."""
 
     def __init__(
         self,
@@ -68,25 +65,13 @@ class SequenceDataParallel(nn.Module):
         env: ShardingEnv,
         device: torch.device,
     ) -> None:
-        super().__init__()
-        self.env = env
         groups = group_tables(list(tables), key=lambda t: (t.embedding_dim, t.data_type, t.storage))
-        self.tables = FusedTables(
-            list(tables), groups, [PoolingMode.NONE] * len(groups), optimizer, device, prefix="embeddings"
+        none = [PoolingMode.NONE] * len(groups)
+        super().__init__(
+            FusedTables(list(tables), groups, none, optimizer, device, prefix="embeddings"),
+            embedding_names,
+            env,
         )
-        ordered = [t for batch in self.tables.batches for t in batch.tables]
-        self.embedding_names = [n for t in ordered for n in embedding_names[t.name]]
-        self._dims = [t.embedding_dim for t in ordered for _ in t.feature_names]
-        self._selector = FeatureSelector(
-            tuple(f for batch in self.tables.batches for f in batch.feature_names)
-        )
-
-    @property
-    def fused_optimizer(self) -> torch.optim.Optimizer:
-        return self.tables.fused_optimizer
-
-    def weight(self, table: str) -> Tensor:
-        return self.tables[table].weight
 
     def _global_rows(self, lengths: Tensor, values: Tensor, batches: list[int]) -> Tensor:
         """Flat rows of the global batch, feature-major then source rank (all kernels' features in order)."""
