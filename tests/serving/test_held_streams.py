@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from recserve.client import PredictorClient
+from recserve.server.transports import reads
 from recserve.server.transports.codec import encode_predict_request, scores_of
 from recserve.server.transports.reads import GROWTH_CONSTANT, READ_MEMORY_SLACK
 from recserve.v1 import predictor_pb2_grpc
@@ -89,7 +90,20 @@ def test_held_streams_shed_for_queue_lag_are_refused_unread_and_hold_up_no_one(p
     assert predict_codes and set(predict_codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert held.stats.statuses == {RESOURCE_EXHAUSTED: 20}
     assert counts == {"RESOURCE_EXHAUSTED": 20 + len(predict_codes)}
+    # Each refused as gRPC submitted it to the shed pool, no pool thread woken for it.
+    assert server._shed_pool.refused == 20 + len(predict_codes)
     assert answered_probes > 1  # the probes were answered meanwhile, not queued behind the held streams
+
+
+def test_reads_started_together_get_deadlines_spread_over_a_quarter_of_the_timeout():
+    """Streams opened in one burst are not all ended (and opened again by their sender) in one tick."""
+    deadlines = []
+    for _ in range(200):
+        read = reads._Read(call=None, outcome=None)
+        read.start(100.0, 4.0)
+        deadlines.append(read.deadline)
+    assert all(104.0 <= d <= 104.0 + 4.0 * reads.READ_DEADLINE_SPREAD for d in deadlines)
+    assert max(deadlines) - min(deadlines) > 0.5  # 200 uniform draws over 1 s
 
 
 def test_a_message_that_does_not_arrive_in_time_ends_deadline_exceeded(package):

@@ -250,3 +250,24 @@ def test_another_models_name_is_not_found_and_counted(shared_server):
     assert "model_name: 'other' is not served here (serving 'tiny')" in info.value.details()
     counted = scrape(shared_server)["recserve_requests_total"]
     assert counted[(("code", "NOT_FOUND"), ("method", "recserve.v1.Predictor/Predict"))] >= 1
+
+
+def test_a_serving_process_takes_what_its_imports_made_out_of_the_cyclic_collectors_reach():
+    """A full collection would otherwise traverse the ~350k objects of torch's, the engine's and gRPC's
+    modules each time, stopping every thread for up to a second on a loaded machine (issue 43)."""
+    import gc
+
+    from recserve.server.operations import app
+
+    def tracked(obj) -> bool:
+        return any(o is obj for o in gc.get_objects())
+
+    assert tracked(app.__dict__) and tracked(torch.nn.Module)
+    try:
+        app.freeze_imports()  # run_server's first step
+        assert not tracked(app.__dict__) and not tracked(torch.nn.Module)
+        assert gc.get_freeze_count() > 0
+        fresh = [[]]  # made after the freeze: still collected as usual
+        assert tracked(fresh)
+    finally:
+        gc.unfreeze()  # this test process goes on as it was

@@ -7,7 +7,12 @@ that opens streams and trickles a byte every few seconds would hold every thread
 handler starts (for a request stream: until the first message), which :func:`message_arrived` reports.
 
 - **A read deadline.** A message not complete within ``--grpc-read-timeout`` of the read's start ends the
-  call DEADLINE_EXCEEDED, counted. Held streams therefore cost their sender a stream each per deadline, and
+  call DEADLINE_EXCEEDED, counted: each read at its own moment between that timeout and
+  :data:`READ_DEADLINE_SPREAD` more, drawn at random as it starts, so that streams opened together (a client's
+  burst, or the streams it opens again as the server ends them) are not all ended, and opened again, in the
+  same tick: ending and opening a call takes several hand-offs between gRPC's polling thread and the pool
+  threads, and a few hundred at once delay every new call behind them (the queue lag then sheds normal
+  calls). Held streams therefore cost their sender a stream each per deadline, and
   hold a parked thread each meanwhile (:data:`recserve.server.operations.app.READING_THREADS` beyond the
   handlers in the main pool), never an in-flight slot or budget.
 - **Fast-read slots.** gRPC core buffers a message whole once its read starts, as fast as the client sends
@@ -40,6 +45,7 @@ grpcio that submits none is reported once and left unwatched (tests/serving/test
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import zlib
@@ -55,6 +61,8 @@ logger = logging.getLogger(__name__)
 # A read holds its fast-read slot at most this long: a message still arriving then comes from a slow sender.
 FAST_READ_SECONDS = 0.02
 _TICK_SECONDS = 0.01
+# A read ends at a moment drawn between its read timeout and this fraction more (module docstring).
+READ_DEADLINE_SPREAD = 0.25
 MIN_FAST_READS = 8
 # Room above the request budget for what a worker's memory does beside requests (threads starting, allocator
 # slack), so that the read watch does not take that for messages arriving.
@@ -68,6 +76,9 @@ QUIET_SECONDS = 0.2
 TRIM_INTERVAL_S = 0.1
 # A handler behaviour's attribute holding its call's outcome (recserve.server.transports.status.Outcome).
 OUTCOME_ATTRIBUTE = "recserve_outcome"
+# A handler behaviour's attribute holding a refusal's message: a pool ends such a call RESOURCE_EXHAUSTED
+# as it is submitted, on gRPC's polling thread, without a pool thread or reading its message.
+REFUSAL_ATTRIBUTE = "recserve_refusal"
 
 
 def fast_read_slots(budget_bytes: int, max_message_bytes: int) -> int:
@@ -87,16 +98,23 @@ class MessageTooLarge(RecServeError):
 class _Read:
     """One call whose request message a pool thread is waiting for."""
 
-    __slots__ = ("call", "outcome", "started", "slot", "state", "running", "bounded")
+    __slots__ = ("call", "outcome", "started", "deadline", "slot", "state", "running", "bounded")
 
-    def __init__(self, call, outcome, started: float = 0.0, bounded: bool = True) -> None:
+    def __init__(self, call, outcome, bounded: bool = True) -> None:
         self.call = call
         self.outcome = outcome
-        self.started = started  # 0: still queued for a thread, so nothing is being read yet
+        self.started = 0.0  # 0: still queued for a thread, so nothing is being read yet
+        self.deadline = 0.0  # when the watch ends the call if its message has not arrived (start())
         self.slot = False  # holds a fast-read slot
         self.running = False  # a pool thread has asked for its message
         self.bounded = bounded  # ended when the memory of messages arriving passes the limit
         self.state = "waiting"  # -> "arrived" (the handler runs) or "ended" (the watch ended the call)
+
+    def start(self, now: float, timeout_s: float) -> None:
+        """The read clock starts: the call ends at a moment spread over ``timeout_s`` to
+        ``timeout_s * (1 + READ_DEADLINE_SPREAD)`` from ``now`` unless its message arrives first."""
+        self.deadline = now + timeout_s * (1.0 + READ_DEADLINE_SPREAD * random.random())
+        self.started = now
 
 
 _current = threading.local()
@@ -126,6 +144,16 @@ def call_of(args: tuple) -> tuple[object | None, object | None]:
         if outcome is None:
             outcome = getattr(arg, OUTCOME_ATTRIBUTE, None)
     return call, outcome
+
+
+def refusal_of(args: tuple) -> str | None:
+    """The message of a behaviour marked as a refusal (:data:`REFUSAL_ATTRIBUTE`) among a pool task's
+    arguments, or None."""
+    for arg in args:
+        message = getattr(arg, REFUSAL_ATTRIBUTE, None)
+        if message is not None:
+            return message
+    return None
 
 
 class ReadWatch:
@@ -186,7 +214,9 @@ class ReadWatch:
                 self._warned = True
                 logger.warning("this grpcio hands its pool no call object: request reads are not watched")
             return None
-        read = _Read(call, outcome, time.monotonic() if clock_from_submit else 0.0, bounded)
+        read = _Read(call, outcome, bounded)
+        if clock_from_submit:
+            read.start(time.monotonic(), self.read_timeout_s)
         with self._lock:
             self._reads.add(read)
         if not self._wake.is_set():
@@ -224,7 +254,7 @@ class ReadWatch:
                 self._release_slot()
         read.running = True
         if not read.started:
-            read.started = time.monotonic()
+            read.start(time.monotonic(), self.read_timeout_s)
 
     def finish(self, read: _Read) -> None:
         """The pool task returned (the call ended, whatever way)."""
@@ -309,14 +339,13 @@ class ReadWatch:
             reading = [r for r in self._reads if r.started and r.state == "waiting"]
         excess = 0 if self.memory is None else self._watch_memory(now, bool(reading))
         for read in reading:
-            waited = now - read.started
-            if waited >= self.read_timeout_s:
+            if now >= read.deadline:
                 self.end(
                     read,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"request message: not received within {self.read_timeout_s:g} s (--grpc-read-timeout)",
                 )
-            elif waited >= FAST_READ_SECONDS and read.slot:
+            elif now - read.started >= FAST_READ_SECONDS and read.slot:
                 self._free_slot(read)  # a slow sender: its slot goes to the next read
         if excess > 0:
             self._end_for_memory(now, reading, excess)
@@ -398,31 +427,37 @@ class WatchedPool(futures.ThreadPoolExecutor):
         self.max_calls = max_calls
         self._calls = 0  # calls running or queued here
         self._calls_lock = threading.Lock()
-        self.refused = 0
+        self.refused = 0  # calls ended as they were submitted (refusals, streaming calls past max_calls)
 
     def submit(self, fn, /, *args, **kwargs) -> futures.Future:
         read = self.watch.register(
             args, clock_from_submit=self._streaming, bounded=self._gated or self._streaming
         )
+        if read is not None:
+            refusal = refusal_of(args)
+            if refusal is not None:
+                return self._refuse(read, refusal)
         if self.max_calls is not None and read is not None:
             with self._calls_lock:
                 full = self._calls >= self.max_calls
                 if not full:
                     self._calls += 1
             if full:
-                return self._refuse(read)
+                # Calls that may last for ever (held streams) never pile up in gRPC's count of RPCs in
+                # flight, where they would crowd out unary calls and health checks.
+                return self._refuse(
+                    read,
+                    f"server busy: {self.max_calls} streaming calls (health Watch, reflection) already open "
+                    "or waiting in this worker (4 x --max-streaming-calls); retry with backoff",
+                )
         return super().submit(self._task, read, fn, args, kwargs)
 
-    def _refuse(self, read: _Read) -> futures.Future:
-        # Ended before it queues: calls that may last for ever (held streams) never pile up in gRPC's count
-        # of RPCs in flight, where they would crowd out unary calls and health checks.
+    def _refuse(self, read: _Read, message: str) -> futures.Future:
+        # Ended before it queues, here on gRPC's polling thread: no pool thread wakes for it and its message
+        # is never read, so a refusal costs the least there is (a held stream refused this way is opened
+        # again by its sender at once, however long its refusal takes).
         self.refused += 1
-        self.watch.end(
-            read,
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"server busy: {self.max_calls} streaming calls (health Watch, reflection) already open or "
-            "waiting in this worker (4 x --max-streaming-calls); retry with backoff",
-        )
+        self.watch.end(read, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         self.watch.finish(read)
         done: futures.Future = futures.Future()
         done.set_result(None)

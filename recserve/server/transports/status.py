@@ -306,13 +306,17 @@ class StatusInterceptor(grpc.ServerInterceptor):
         # so a unary refusal of a message that never completes (a held stream) would hold a shed thread
         # until the read deadline, and the refusals, and the lag probes answered on the same pool, would
         # queue behind it: the lag would read as growing for as long as streams are held, and every call
-        # would be shed into that queue to wait out its deadline. Refused unread, each takes microseconds.
+        # would be shed into that queue to wait out its deadline. Marked as a refusal, the watched pool ends
+        # it as gRPC submits it, before any pool thread wakes (reads.WatchedPool); ``refuse`` runs only on
+        # a pool that is not watched.
         def refuse(requests, context: grpc.ServicerContext):
             if reads.message_arrived():
                 outcome.finish(grpc.StatusCode.RESOURCE_EXHAUSTED)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
-        return self._on_pool(refuse, self._shed_pool)
+        behavior = self._on_pool(refuse, self._shed_pool)
+        setattr(behavior, reads.REFUSAL_ATTRIBUTE, message)
+        return behavior
 
     @staticmethod
     def _on_pool(behavior, pool: futures.ThreadPoolExecutor | None):
