@@ -36,9 +36,8 @@ from torch import Tensor
 
 from recserve.export.delta import write_delta
 from recserve.export.exporter import export_checkpoint
-from recserve.export.quantize import quantize_table
+from recserve.export.quantize import quantize_kernel_rows
 from recserve.export.sources import CheckpointSource
-from recserve.runtime.layout import kernel_rows
 from rectrain.checkpoint import model_state
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.comm.timeouts import collective, new_group
@@ -283,8 +282,7 @@ class Publisher:
         rows = rows.to("cpu", torch.float32)
         if rows.shape[1] != self.tables[index].embedding_dim:
             return _Piece(index, ids, col, rows.contiguous())
-        quantized = quantize_table(rows, self.options.dtype)
-        return _Piece(index, ids, col, kernel_rows(quantized.weights, quantized.scale_bias))
+        return _Piece(index, ids, col, quantize_kernel_rows(rows, self.options.dtype))
 
     def _gather(self, local: list[_Piece]) -> list[list[_Piece]]:
         """Every rank's pieces, on rank 0 (others get []): the layouts as objects (a few numbers), the
@@ -316,6 +314,9 @@ class Publisher:
         rows: dict[str, tuple[Tensor, Tensor]] = {}
         for index, table in enumerate(self.tables):
             pieces = [p for rank_parts in parts for p in rank_parts if p.table == index]
+            if len(pieces) == 1 and pieces[0].rows.dtype == torch.uint8:  # a table on one rank: as gathered
+                rows[table.name] = (pieces[0].ids, pieces[0].rows)
+                continue
             if pieces and all(p.rows.dtype == torch.uint8 for p in pieces):
                 rows[table.name] = (torch.cat([p.ids for p in pieces]), torch.cat([p.rows for p in pieces]))
                 continue
