@@ -86,6 +86,11 @@ class Publisher:
         if missing:
             raise ConfigError(f"{config.source}: publish: the model holds no table named {missing}")
         self._pieces = [pieces[t.name] for t in self.tables]
+        # Tables whose changed rows this rank copies (``_local_rows``): its own shards of a sharded table.
+        self._holds_rows = [
+            bool(t.pieces) and not (t.replicated and t.sharding_type != model_state.UNSHARDED)
+            for t in self._pieces
+        ]
         self._model, self._prefix = model, model_state.prediction_prefix(model)
         self._base: str | None = None
         self._sequence = 0
@@ -236,7 +241,14 @@ class Publisher:
         with collective("all_gather (publish ids)", self._group):
             dist.all_gather(gathered, flat, group=self._group)
         per_rank = [torch.split(g[: int(c.sum())], c.tolist()) for g, c in zip(gathered, gathered_counts)]
-        return [torch.cat([parts[t] for parts in per_rank]).unique() for t in range(len(local))]
+        # Each table's union is sorted (a sort of every rank's ids) only where this rank reads it: the
+        # tables it holds rows of, and every table on rank 0 while a base is being cut (the rows changed
+        # meanwhile are marked for the new base's first delta).
+        every = self.rank == 0 and self._since_cut is not None
+        return [
+            torch.cat([parts[t] for parts in per_rank]).unique() if every or self._holds_rows[t] else ids[:0]
+            for t, ids in enumerate(local)
+        ]
 
     def _write(self, step: int, changed: list[Tensor], wall_time: float) -> None:
         """Gather the changed rows to rank 0 and write them as the next delta there (in the background)."""
