@@ -31,8 +31,10 @@ both runs share the machine with the same serving load. It prints one line per f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -85,9 +87,33 @@ keep_last = 1
 
 
 def start_training(args: argparse.Namespace, config: Path) -> subprocess.Popen:
+    """torchrun with ``--ranks`` ranks; its output (and the ranks') goes to ``trainer.log`` beside the
+    config, shown only when the trainer ends otherwise than as ``stop_training`` ends it."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.ranks}"]
     command += ["-m", "rectrain", "train", "--config", str(config), "--no-progress"]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
+    with open(config.parent / "trainer.log", "wb") as log:
+        return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+
+
+def stop_training(process: subprocess.Popen, log: Path) -> None:
+    """SIGTERM to the ranks, not to torchrun: each checkpoints and exits 143 (stopped, resumable), and
+    torchrun, which was not signalled, reports that and ends (signalled itself, it raises a
+    ``SignalException``). Shows the log when a rank ended otherwise."""
+    if process.poll() is None:
+        ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout
+        for rank in map(int, ranks.split()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGTERM)
+        try:
+            process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log.read_text(errors="replace") if log.exists() else ""
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
+    if process.returncode != 0 and not codes <= {"143"}:
+        print(f"freshness: the trainer ended with {process.returncode}; its log's end:", file=sys.stderr)
+        print(text[-4000:], file=sys.stderr)
 
 
 def throughput(metrics: Path, since: float | None = None) -> float:
@@ -104,11 +130,27 @@ def train_windows(metrics: Path) -> int:
     return sum(1 for line in metrics.read_text().splitlines() if '"event": "train"' in line)
 
 
-def descendants(pid: int) -> list[int]:
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from ``/proc/<pid>/stat`` (read here: a ``pgrep`` per process and sample
+    cost the publishing run ~15 ms of CPU each, several times a second, and the baseline run nothing)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
     """Child processes, recursively, less multiprocessing's resource tracker (a helper of spawned workers)."""
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    children = [int(p) for p in out if "resource_tracker" not in cmdline(int(p))]
-    return children + [g for c in children for g in descendants(c)]
+    children = children_by_parent() if children is None else children
+    kids = [c for c in children.get(pid, []) if "resource_tracker" not in cmdline(c)]
+    return kids + [g for c in kids for g in descendants(c, children)]
 
 
 def cmdline(pid: int) -> str:
@@ -149,6 +191,7 @@ class Memory:
         self.end: dict[int, float] = {}
         self.hwm: dict[int, float] = {}
         self.stopped_at = float("inf")
+        self._listed_at = 0.0
         self._parents: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -163,11 +206,16 @@ class Memory:
         with self._lock:
             parents = dict(self._parents)
         now = {}
-        for kind, parent in parents.items():
-            pids = descendants(parent)
-            if pids:
-                self.groups[kind] = pids
-            for pid in pids:
+        # The process tree is looked up once a second at most (it changes only when a run starts).
+        if time.monotonic() - self._listed_at > 1 or set(parents) - set(self.groups):
+            children = children_by_parent()
+            for kind, parent in parents.items():
+                pids = descendants(parent, children)
+                if pids:
+                    self.groups[kind] = pids
+            self._listed_at = time.monotonic()
+        for kind in parents:
+            for pid in self.groups.get(kind, []):
                 value = anonymous_mib(pid)
                 if value is not None:
                     now[pid] = value
@@ -249,12 +297,18 @@ def version_key(version: str) -> tuple[int, int]:
     return int(base), int(sequence or 0)
 
 
+_MANIFESTS: dict[Path, dict] = {}  # a delta is complete once visible: each manifest is read once
+
+
 def deltas_of(publish: Path) -> dict[tuple[int, int], dict]:
     found = {}
     for manifest in publish.glob("*-deltas/*/manifest.json"):
-        data = json.loads(manifest.read_text())
-        rows_file = manifest.parent / "rows.safetensors"
-        data["rows_bytes"] = rows_file.stat().st_size if rows_file.exists() else 0
+        data = _MANIFESTS.get(manifest)
+        if data is None:
+            data = json.loads(manifest.read_text())
+            rows_file = manifest.parent / "rows.safetensors"
+            data["rows_bytes"] = rows_file.stat().st_size if rows_file.exists() else 0
+            _MANIFESTS[manifest] = data
         found[(int(data["base_version"]), int(data["sequence"]))] = data
     return found
 
@@ -315,7 +369,7 @@ def main() -> None:
                 wait_for(served_enough, args.timeout, f"{args.publishes} served deltas")
                 memory.stop()
                 publishing = throughput(online / "metrics.jsonl", since=load.replies[0][1])
-                stop(trainer)
+                stop_training(trainer, online / "trainer.log")
                 # The same training without publishing, under the same serving load (the server keeps
                 # serving the last version).
                 baseline = start_training(args, run_config(args, root / "baseline", publish=False))
@@ -323,7 +377,7 @@ def main() -> None:
                 wait_for(log.exists, args.timeout, "its first log")
                 time.sleep(args.baseline_s)
                 wait_for(lambda: train_windows(log) >= 5, args.timeout, "5 logged windows (2 of warm-up)")
-                stop(baseline)
+                stop_training(baseline, root / "baseline" / "trainer.log")
                 replies_until = memory.stopped_at
             not_publishing = throughput(root / "baseline" / "metrics.jsonl")
             print(f"train examples/s publishing {publishing:.0f}", flush=True)

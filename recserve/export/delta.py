@@ -9,6 +9,7 @@ reading: ``recserve.runtime.delta``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor
 
 from recserve.errors import ExportError, PackageError
-from recserve.export.quantize import quantize_table
+from recserve.export.quantize import quantize_kernel_rows
 from recserve.runtime.delta import (
     DELTA_FORMAT,
     DELTA_FORMAT_VERSION,
@@ -32,8 +33,14 @@ from recserve.runtime.delta import (
     manifest_sha256,
 )
 from recserve.runtime.dense_precision import DENSE_DTYPES
-from recserve.runtime.layout import kernel_rows, row_bytes
-from recserve.runtime.package import PackageManifest, TableEntry, check_safetensors_file, read_manifest
+from recserve.runtime.layout import row_bytes
+from recserve.runtime.package import (
+    PackageManifest,
+    StoredTensor,
+    TableEntry,
+    check_safetensors_file,
+    read_manifest,
+)
 from rectrain.durable import follow_umask, fsync_path
 from rectrain.safetensors_io import save_tensors
 
@@ -65,7 +72,7 @@ def write_delta(
     """
     base_dir = Path(publish_dir) / str(base_version)
     try:
-        base = read_manifest(base_dir)
+        base, base_sha256, base_dense = _base_of(base_dir)
     except PackageError as error:
         raise ExportError(f"write_delta: base_version {base_version!r}: {error}") from None
     if base.version != str(base_version):
@@ -91,19 +98,37 @@ def write_delta(
         raise ExportError(
             f"rows: unknown table {unknown[0]!r}; the base's tables are {[t.name for t in base.tables]}"
         )
-    dense = _dense(base_dir, base, dense_state)
+    dense = _dense(base_dense, base, dense_state)
     manifest = {
         "format": DELTA_FORMAT,
         "format_version": DELTA_FORMAT_VERSION,
         "model_name": base.model_name,
         "base_version": base.version,
-        "base_manifest_sha256": manifest_sha256(base_dir),
+        "base_manifest_sha256": base_sha256,
         "sequence": sequence,
         "step": step,
         "wall_time": float(time.time() if wall_time is None else wall_time),
         "tables": {t.name: {"dtype": t.dtype.value, "rows": counts[t.name]} for t in base.tables},
     }
     return _publish(Path(publish_dir), target, manifest, tensors, dense)
+
+
+def _base_of(base_dir: Path) -> tuple[PackageManifest, str, dict[str, StoredTensor]]:
+    """The base's manifest, its sha256 and its dense file's tensor specs: read once per base (a trainer
+    writes many deltas of one), again when its manifest file is replaced."""
+    try:
+        stat = (base_dir / MANIFEST_FILE).stat()
+    except OSError:
+        return read_manifest(base_dir), "", {}  # read_manifest names the missing file
+    return _base_read(str(base_dir), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _base_read(
+    base_dir: str, stamp: tuple[int, int, int]
+) -> tuple[PackageManifest, str, dict[str, StoredTensor]]:
+    manifest = read_manifest(base_dir)
+    return manifest, manifest_sha256(base_dir), check_safetensors_file(Path(base_dir) / DENSE_FILE)
 
 
 def _quantized_rows(table: TableEntry, changed: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
@@ -127,19 +152,21 @@ def _quantized_rows(table: TableEntry, changed: tuple[Tensor, Tensor] | None) ->
     if int(ids.min()) < 0 or int(ids.max()) >= table.num_embeddings:
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
         raise ExportError(f"{where}: id {bad} is outside the table's rows [0, {table.num_embeddings})")
-    ids, order = torch.sort(ids)
-    if ids.numel() > 1 and bool((ids[1:] == ids[:-1]).any()):
-        repeated = int(ids[1:][ids[1:] == ids[:-1]][0])
-        raise ExportError(f"{where}: id {repeated} appears more than once")
-    if quantized:
-        return ids, weight.detach().to("cpu").index_select(0, order)
-    table_rows = quantize_table(weight.detach().to("cpu", torch.float32).index_select(0, order), table.dtype)
-    return ids, kernel_rows(table_rows.weights, table_rows.scale_bias)
+    weight = weight.detach().to("cpu")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):  # the trainer's ids come sorted: no copy
+        ids, order = torch.sort(ids)
+        if bool((ids[1:] == ids[:-1]).any()):
+            repeated = int(ids[1:][ids[1:] == ids[:-1]][0])
+            raise ExportError(f"{where}: id {repeated} appears more than once")
+        weight = weight.index_select(0, order)
+    return ids, weight if quantized else quantize_kernel_rows(weight, table.dtype)
 
 
-def _dense(base_dir: Path, base: PackageManifest, dense_state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The dense state as export stores it, after checking names and shapes against the base's."""
-    stored = check_safetensors_file(base_dir / DENSE_FILE)
+def _dense(
+    stored: Mapping[str, StoredTensor], base: PackageManifest, dense_state: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """The dense state as export stores it, after checking names and shapes against the base's (``stored``:
+    the base's dense tensors)."""
     missing = sorted(set(stored) - set(dense_state))
     unexpected = sorted(set(dense_state) - set(stored))
     if missing or unexpected:

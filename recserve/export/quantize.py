@@ -39,6 +39,22 @@ def quantize_table(weight: Tensor, dtype: TableDType | str) -> QuantizedTable:
     return QuantizedTable(codes, scale_bias, dtype, dim)
 
 
+def quantize_kernel_rows(weight: Tensor, dtype: TableDType | str) -> Tensor:
+    """The kernel rows (``layout.kernel_rows``) of ``quantize_table(weight, dtype)``, made with one copy of
+    the quantized bytes instead of three (codes and scale/bias split off, then joined): what a delta
+    publishes for its changed rows, the same bytes a full export stores for them."""
+    dtype = TableDType.parse(dtype)
+    if not dtype.is_integer:
+        return quantize_table(weight, dtype).weights
+    if weight.dim() != 2:
+        raise ExportError(f"a table weight must be 2-D [rows, dim], got shape {tuple(weight.shape)}")
+    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(
+        weight.detach().to("cpu", torch.float32).contiguous(), dtype.bits
+    )
+    # fused rows are [codes | scale, bias]; kernel rows are [scale, bias | codes]
+    return torch.roll(fused, SCALE_BIAS_BYTES, dims=1)
+
+
 def dequantize_table(table: QuantizedTable) -> Tensor:
     """The float32 ``[rows, dim]`` values a lookup of ``table`` sees (FBGEMM's own dequantize op)."""
     if table.dtype is TableDType.FP32:

@@ -132,7 +132,7 @@ def read_delta(
     if not isinstance(files, dict) or sorted(files) != sorted(DELTA_FILES):
         listed = sorted(files) if isinstance(files, dict) else files
         raise PackageError(f"{where}: files: expected exactly {sorted(DELTA_FILES)}, got {listed!r}")
-    verify_listed_files(path, files)
+    verify_listed_files(path, files, hashes=False)  # each file is hashed as it is read (``_load``)
     return Delta(
         base_version=base.version,
         sequence=data["sequence"],
@@ -275,9 +275,10 @@ def _read_dense(path: Path, base: PackageManifest, sha256: str) -> dict[str, Ten
 
 
 def _load(path: Path, sha256: str) -> dict[str, Tensor]:
-    """The tensors, parsed from one read of the file's bytes, which must hash to the manifest's ``sha256``:
-    never mapped (a file truncated under a mapping ends the reading process with SIGBUS) and never read
-    twice (the bytes loaded are the bytes verified). The tensors are views of the bytes read: reading and
+    """The tensors, parsed from one read of the file's bytes, which must hash to the manifest's ``sha256``
+    (the only hash of a delta's files: ``verify_listed_files`` checks names and sizes only): never mapped (a
+    file truncated under a mapping ends the reading process with SIGBUS) and never read twice (the bytes
+    loaded are the bytes verified). The tensors are views of the bytes read: reading and
     hashing release the GIL, and no copy holds it while the worker serves."""
     try:
         with open(path, "rb") as file:
@@ -285,9 +286,13 @@ def _load(path: Path, sha256: str) -> dict[str, Tensor]:
             got = file.readinto(data)
     except OSError as error:
         raise PackageError(f"{path}: cannot be read ({error.strerror or error})") from None
-    if got != len(data) or hashlib.sha256(data).hexdigest() != sha256:
+    if got != len(data):
+        raise PackageError(f"{path}: changed while it was read ({got} of {len(data)} bytes)")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
         raise PackageError(
-            f"{path}: changed after it was verified (sha256 no longer matches {MANIFEST_FILE})"
+            f"{path}: sha256 {digest} does not match {MANIFEST_FILE} ({sha256}); the file is corrupt or was "
+            "changed after it was written"
         )
     try:
         return tensors_of_bytes(data, path)

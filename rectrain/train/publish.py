@@ -36,9 +36,8 @@ from torch import Tensor
 
 from recserve.export.delta import write_delta
 from recserve.export.exporter import export_checkpoint
-from recserve.export.quantize import quantize_table
+from recserve.export.quantize import quantize_kernel_rows
 from recserve.export.sources import CheckpointSource
-from recserve.runtime.layout import kernel_rows
 from rectrain.checkpoint import model_state
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.comm.timeouts import collective, new_group
@@ -87,6 +86,11 @@ class Publisher:
         if missing:
             raise ConfigError(f"{config.source}: publish: the model holds no table named {missing}")
         self._pieces = [pieces[t.name] for t in self.tables]
+        # Tables whose changed rows this rank copies (``_local_rows``): its own shards of a sharded table.
+        self._holds_rows = [
+            bool(t.pieces) and not (t.replicated and t.sharding_type != model_state.UNSHARDED)
+            for t in self._pieces
+        ]
         self._model, self._prefix = model, model_state.prediction_prefix(model)
         self._base: str | None = None
         self._sequence = 0
@@ -237,7 +241,14 @@ class Publisher:
         with collective("all_gather (publish ids)", self._group):
             dist.all_gather(gathered, flat, group=self._group)
         per_rank = [torch.split(g[: int(c.sum())], c.tolist()) for g, c in zip(gathered, gathered_counts)]
-        return [torch.cat([parts[t] for parts in per_rank]).unique() for t in range(len(local))]
+        # Each table's union is sorted (a sort of every rank's ids) only where this rank reads it: the
+        # tables it holds rows of, and every table on rank 0 while a base is being cut (the rows changed
+        # meanwhile are marked for the new base's first delta).
+        every = self.rank == 0 and self._since_cut is not None
+        return [
+            torch.cat([parts[t] for parts in per_rank]).unique() if every or self._holds_rows[t] else ids[:0]
+            for t, ids in enumerate(local)
+        ]
 
     def _write(self, step: int, changed: list[Tensor], wall_time: float) -> None:
         """Gather the changed rows to rank 0 and write them as the next delta there (in the background)."""
@@ -283,8 +294,7 @@ class Publisher:
         rows = rows.to("cpu", torch.float32)
         if rows.shape[1] != self.tables[index].embedding_dim:
             return _Piece(index, ids, col, rows.contiguous())
-        quantized = quantize_table(rows, self.options.dtype)
-        return _Piece(index, ids, col, kernel_rows(quantized.weights, quantized.scale_bias))
+        return _Piece(index, ids, col, quantize_kernel_rows(rows, self.options.dtype))
 
     def _gather(self, local: list[_Piece]) -> list[list[_Piece]]:
         """Every rank's pieces, on rank 0 (others get []): the layouts as objects (a few numbers), the
@@ -316,6 +326,9 @@ class Publisher:
         rows: dict[str, tuple[Tensor, Tensor]] = {}
         for index, table in enumerate(self.tables):
             pieces = [p for rank_parts in parts for p in rank_parts if p.table == index]
+            if len(pieces) == 1 and pieces[0].rows.dtype == torch.uint8:  # a table on one rank: as gathered
+                rows[table.name] = (pieces[0].ids, pieces[0].rows)
+                continue
             if pieces and all(p.rows.dtype == torch.uint8 for p in pieces):
                 rows[table.name] = (torch.cat([p.ids for p in pieces]), torch.cat([p.rows for p in pieces]))
                 continue

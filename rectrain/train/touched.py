@@ -67,8 +67,8 @@ class TouchedRows:
         """Each table's marked row ids (sorted int64), then clear all but the batches still in flight: those
         past the first ``trained`` batches fetched, or (None) the last few fetched."""
         taken = [marks.nonzero().squeeze(1) for marks in self._marks]
-        for marks in self._marks:
-            marks.zero_()
+        for marks, ids in zip(self._marks, taken):
+            marks.index_fill_(0, ids, False)  # the marked rows only, not the whole bitmap
         for index, ids in self._recent:
             if trained is None or index >= trained:
                 self._mark(ids)

@@ -8,8 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from recserve.errors import ExportError
-from recserve.export.quantize import check_dim, dequantize_table, quantize_table, scale_and_bias
-from recserve.runtime.layout import SCALE_BIAS_BYTES, TableDType, row_bytes
+from recserve.export.quantize import (
+    check_dim,
+    dequantize_table,
+    quantize_kernel_rows,
+    quantize_table,
+    scale_and_bias,
+)
+from recserve.runtime.layout import SCALE_BIAS_BYTES, TableDType, kernel_rows, row_bytes
 
 INT_TYPES = [TableDType.INT8, TableDType.INT4, TableDType.INT2]
 
@@ -80,3 +86,12 @@ def test_bad_dtype_and_dim_are_named():
     with pytest.raises(ExportError, match="table 't': embedding_dim 12 is not a multiple of 8"):
         check_dim("t", 12, TableDType.INT2)
     check_dim("t", 12, TableDType.INT4)
+
+
+@given(weight=tables(), dtype=st.sampled_from(list(TableDType)))
+def test_kernel_rows_in_one_step_are_the_export_s_bytes(weight, dtype):
+    """What a delta publishes for a row is byte for byte what an export stores for it."""
+    table = quantize_table(weight, dtype)
+    got = quantize_kernel_rows(weight, dtype)
+    assert got.is_contiguous()
+    assert torch.equal(got, kernel_rows(table.weights, table.scale_bias))

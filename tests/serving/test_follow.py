@@ -313,3 +313,27 @@ def test_a_server_starting_on_many_deltas_folds_them_into_one_apply(tmp_path, ca
     assert metrics["recserve_model_deltas_applied_total"][()] == 50
     applied = [r.getMessage() for r in caplog.records if r.getMessage().startswith("applied delta")]
     assert len(applied) == 1 and applied[0].startswith("applied delta 50 ")
+
+
+def test_deltas_of_lists_only_the_folders_named_as_the_writer_names_them(tmp_path):
+    from recserve.server.operations.follow import deltas_of
+
+    folder = tmp_path / "3-deltas"
+    for name in (
+        "00000001",
+        "00000002",
+        "7",
+        "00000007",
+        "007",
+        ".staging-00000009",
+        "123456789",
+        "0123456789",
+    ):
+        (folder / name).mkdir(parents=True)
+    assert deltas_of(tmp_path, "3") == {
+        1: folder / "00000001",
+        2: folder / "00000002",
+        7: folder / "00000007",
+        123456789: folder / "123456789",
+    }
+    assert deltas_of(tmp_path, "4") == {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,12 +55,19 @@ def deltas_of(publish_dir: Path, base_version: str) -> dict[int, Path]:
     fails to load."""
     from recserve.runtime.delta import delta_dir, deltas_dir
 
+    folder = deltas_dir(publish_dir, base_version)
     try:
-        entries = list(deltas_dir(publish_dir, base_version).iterdir())
+        names = os.listdir(folder)  # names only: a follower lists this every scan, with every delta in it
     except (FileNotFoundError, NotADirectoryError):
         return {}
-    found = {int(p.name): p for p in entries if p.name.isascii() and p.name.isdigit()}
-    return {seq: p for seq, p in found.items() if p == delta_dir(publish_dir, base_version, seq)}
+    # Named exactly as the writer names them (zero-padded to a width), so sequence 7 is one folder, not
+    # "7" and "07" (checked by length and leading digit: a Path per name costs more than the listing).
+    width = len(delta_dir(folder, "", 1).name)
+    return {
+        int(n): folder / n
+        for n in names
+        if n.isascii() and n.isdigit() and (len(n) == width or (len(n) > width and n[0] != "0"))
+    }
 
 
 def next_sequence(version: str) -> int:
