@@ -373,10 +373,15 @@ def main() -> None:
                 # The same training without publishing, under the same serving load (the server keeps
                 # serving the last version).
                 baseline = start_training(args, run_config(args, root / "baseline", publish=False))
+                # Sampled as the publishing run is, so the sampler's own CPU weighs on both runs alike.
+                baseline_memory = Memory()
+                baseline_memory.watch("trainer rank", baseline.pid)
+                baseline_memory.watch("serving worker", server.pid)
                 log = root / "baseline" / "metrics.jsonl"
                 wait_for(log.exists, args.timeout, "its first log")
                 time.sleep(args.baseline_s)
                 wait_for(lambda: train_windows(log) >= 5, args.timeout, "5 logged windows (2 of warm-up)")
+                baseline_memory.stop()
                 stop_training(baseline, root / "baseline" / "trainer.log")
                 replies_until = memory.stopped_at
             not_publishing = throughput(root / "baseline" / "metrics.jsonl")
