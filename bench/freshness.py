@@ -31,6 +31,7 @@ both runs share the machine with the same serving load. It prints one line per f
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -44,6 +45,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 from machine import print_machine
 from serve_throughput import free_port, wait_serving
 
@@ -264,6 +266,7 @@ class Load:
             model = client.metadata()
         self.requests = [pb2.PredictRequest.FromString(r) for r in build_requests(model, batch, 16, 4, 0)]
         self.target, self.replies, self.failed = target, [], 0
+        self.failures: collections.Counter[str] = collections.Counter()  # by status code, for the report
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(clients)]
 
@@ -275,8 +278,10 @@ class Load:
                 sent = time.time()
                 try:
                     reply = stub.Predict(self.requests[i % len(self.requests)], timeout=5)
-                except Exception:  # noqa: BLE001 - every failure counts, whatever its kind
+                except Exception as error:  # noqa: BLE001 - every failure counts, whatever its kind
                     self.failed += 1
+                    code = error.code() if isinstance(error, grpc.RpcError) else None
+                    self.failures[code.name if code is not None else type(error).__name__] += 1
                     continue
                 self.replies.append((sent, time.time(), reply.model_version))
                 i += 1
@@ -426,6 +431,8 @@ def report(load: Load, deltas: dict, args: argparse.Namespace, train_ratio: floa
     print(f"deltas served {len(freshness)}")
     print(f"freshness p50 s {percentile(freshness, 50):.3f}")
     print(f"freshness p99 s {percentile(freshness, 99):.3f}")
+    for kind, count in sorted(load.failures.items()):
+        print(f"failed requests {kind}: {count}")
     print(f"failed requests {load.failed}")
     apply_p99, steady_p99 = percentile(sorted(apply), 99), percentile(sorted(steady), 99)
     print(f"steady p99 ms {steady_p99 * 1e3:.2f}")
