@@ -139,8 +139,10 @@ def test_failing_stage_names_stage_command_and_output(tmp_path: Path) -> None:
 def test_server_that_cannot_start_is_reported_with_its_output(tmp_path: Path) -> None:
     port = free_port()
     serve = [*cli("recserve"), "serve", "--package", str(tmp_path / "missing"), "--port", str(port)]
-    # 180 s: an upper bound only; two spawned workers importing torch take over 60 s on a loaded 2-core box
-    server = ServerProcess([*serve, "--metrics-port", "-1"], f"127.0.0.1:{port}", tmp_path / "serve.log", 180)
+    # One worker (the server in its own process): spawned workers would each import torch only to fail alike.
+    serve += ["--workers", "1", "--metrics-port", "-1"]
+    # 180 s: an upper bound only; importing torch takes a while on a loaded 2-core box
+    server = ServerProcess(serve, f"127.0.0.1:{port}", tmp_path / "serve.log", 180)
     with pytest.raises(MainJobError, match=r"stage 'serve' failed: exited with \d+") as info, server:
         pass
     assert "missing" in str(info.value)
