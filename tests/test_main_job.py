@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import signal
 import sys
 import threading
 import time
@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from recserve.cli import build_parser
+from recserve.cli import main as recserve_main
 from recserve.client.loadgen import LoadgenResult
 from recserve.mainjob import MainJobConfig, MainJobError
 from recserve.mainjob.cli import config_from_args
@@ -46,19 +47,27 @@ SMALL = [
 ]  # fmt: skip
 
 
+def run_main_job(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``recserve main ARGV`` (what ``python -m recserve.mainjob`` runs) in this process, its stages in their
+    own processes as always; returns its output. A new interpreter for the job itself would only add torch's
+    import. The job turns SIGTERM into KeyboardInterrupt; the test worker's own handler is put back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = recserve_main(["main", *argv])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    output = capsys.readouterr()
+    assert code == 0, output.out[-3000:] + output.err[-3000:]
+    return output.out
+
+
 @pytest.mark.slow
-def test_main_job_end_to_end(tmp_path: Path) -> None:
+def test_main_job_end_to_end(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recserve.mainjob", "--out", str(out), *SMALL],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stdout = run_main_job(["--out", str(out), *SMALL], capsys)
     for heading in ("== main job summary ==", "AUC", "plan (26 tables)", "examples/s", "p99", "/metrics"):
-        assert heading in proc.stdout
-    assert "server stopped (SIGTERM, exit 0)" in proc.stdout
+        assert heading in stdout
+    assert "server stopped (SIGTERM, exit 0)" in stdout
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["server_exit_code"] == 0
@@ -139,8 +148,10 @@ def test_failing_stage_names_stage_command_and_output(tmp_path: Path) -> None:
 def test_server_that_cannot_start_is_reported_with_its_output(tmp_path: Path) -> None:
     port = free_port()
     serve = [*cli("recserve"), "serve", "--package", str(tmp_path / "missing"), "--port", str(port)]
-    # 180 s: an upper bound only; two spawned workers importing torch take over 60 s on a loaded 2-core box
-    server = ServerProcess([*serve, "--metrics-port", "-1"], f"127.0.0.1:{port}", tmp_path / "serve.log", 180)
+    # One worker (the server in its own process): spawned workers would each import torch only to fail alike.
+    serve += ["--workers", "1", "--metrics-port", "-1"]
+    # 180 s: an upper bound only; importing torch takes a while on a loaded 2-core box
+    server = ServerProcess(serve, f"127.0.0.1:{port}", tmp_path / "serve.log", 180)
     with pytest.raises(MainJobError, match=r"stage 'serve' failed: exited with \d+") as info, server:
         pass
     assert "missing" in str(info.value)
@@ -182,18 +193,12 @@ TINY_ONLINE = [
 
 
 @pytest.mark.slow
-def test_online_main_job_end_to_end(tmp_path: Path) -> None:
+def test_online_main_job_end_to_end(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recserve.mainjob", "--out", str(out), *TINY_ONLINE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stdout = run_main_job(["--out", str(out), *TINY_ONLINE], capsys)
     for heading in ("== main job summary (online) ==", "freshness", "planted ids", "0 failed"):
-        assert heading in proc.stdout
-    assert "server stopped (SIGTERM, exit 0)" in proc.stdout
+        assert heading in stdout
+    assert "server stopped (SIGTERM, exit 0)" in stdout
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests_failed"] == 0 and summary["failures"] == {}

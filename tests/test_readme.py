@@ -3,8 +3,10 @@
 The commands are read from README.md between the ``quickstart`` markers, so the test fails when the README
 drifts from the CLIs. They run in a temporary directory holding the README's data file name (a few hundred
 generated rows) and a link to ``examples/``. What the test changes, and only that: ``rectrain`` / ``recserve``
-become this interpreter's ``-m`` commands, the README's ports become free loopback ports, and the
-``TEST_ONLY_*`` flags below keep it small (a tiny model, one server worker on a shared 2-core machine).
+become their entry points (``rectrain.cli:main`` / ``recserve.cli:main``, what the installed commands run) in
+this process, except the server, which the README runs in the background: it is this interpreter's ``-m``
+command in its own process; the README's ports become free loopback ports, and the ``TEST_ONLY_*`` flags
+below keep it small (a tiny model, one server worker on a shared 2-core machine).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 import tomllib
 
+from recserve.cli import main as recserve_main
 from recserve.mainjob.stages import ServerProcess, cli, free_port
+from rectrain.cli import main as rectrain_main
 from tests.train.test_job import SMALL_CRITEO_MODEL, write_criteo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +60,7 @@ def sets(argv: list[str]) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_the_readme_takes_your_own_file_to_a_served_model_and_a_score(tmp_path, monkeypatch):
+def test_the_readme_takes_your_own_file_to_a_served_model_and_a_score(tmp_path, monkeypatch, capsys):
     train, export, serve, query = readme_quickstart()
     assert train[:2] == ["rectrain", "train"] and export[:2] == ["recserve", "export"]
     assert serve[:2] == ["recserve", "serve"] and serve[-1] == "&" and query[:2] == ["recserve", "query"]
@@ -69,13 +72,11 @@ def test_the_readme_takes_your_own_file_to_a_served_model_and_a_score(tmp_path, 
     (data_file,) = sets(train)["data.paths"]
     write_criteo(tmp_path / data_file, rows=ROWS)
 
-    train = [*cli("rectrain"), *train[1:], "--no-progress"]
-    train += [arg for o in TEST_ONLY_TRAIN_OVERRIDES for arg in ("--set", o)]
-    done = subprocess.run(train, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The CLIs' entry points in this process: a new interpreter per command would only add torch's import.
+    train = [*train[1:], "--no-progress", *[arg for o in TEST_ONLY_TRAIN_OVERRIDES for arg in ("--set", o)]]
+    assert rectrain_main(train) == 0, capsys.readouterr().err[-3000:]
 
-    done = subprocess.run([*cli("recserve"), *export[1:]], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert recserve_main(export[1:]) == 0, capsys.readouterr().err[-3000:]
     assert (tmp_path / option(export, "--out") / "manifest.json").is_file()
 
     ports = {option(serve, flag): str(free_port()) for flag in ("--port", "--metrics-port")}
@@ -83,13 +84,15 @@ def test_the_readme_takes_your_own_file_to_a_served_model_and_a_score(tmp_path, 
     serve = [*cli("recserve"), *serve, "--admin-port", str(free_port()), *TEST_ONLY_SERVE_FLAGS]
     host, port = option(query, "--target").rsplit(":", 1)
     target = f"{host}:{ports[port]}"
-    query = [*cli("recserve"), *[a.replace(f":{port}", f":{ports[port]}") for a in query[1:]]]
+    query = [a.replace(f":{port}", f":{ports[port]}") for a in query[1:]]
 
+    capsys.readouterr()
     with ServerProcess(serve, target, tmp_path / "serve.log", start_timeout_s=120) as server:
-        done = subprocess.run(query, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        code = recserve_main(query)
+    done = capsys.readouterr()
+    assert code == 0, done.out[-3000:] + done.err[-3000:]
     assert server.exit_code == 0, (tmp_path / "serve.log").read_text()[-3000:]
 
-    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    reply = json.loads(done.out.strip().splitlines()[-1])
     assert reply["model_name"] == option(export, "--model-name")
     assert reply["scores"] and all(0.0 < s < 1.0 for s in reply["scores"])

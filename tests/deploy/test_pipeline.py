@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -38,7 +38,6 @@ from tests.deploy.test_monitoring import _dashboard_queries, alert_rules
 pytestmark = pytest.mark.slow
 
 RECSERVE = [sys.executable, "-c", "import sys; from recserve.cli import main; sys.exit(main())"]
-RECTRAIN = [sys.executable, "-m", "rectrain"]
 SHORT_RUN = ["train.steps=2", "train.batch_size=64", "train.eval_batches=1", "checkpoint.every_n_steps=1"]
 
 
@@ -56,13 +55,17 @@ def _workload(kind: str, name: str, root: Path, **env: str) -> list[str]:
     return localize(argv, pod_spec(workload), container, root)
 
 
-def _run(argv: list[str], timeout: float) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stderr[-3000:]}"
+def _run(main: Callable[[list[str]], int], argv: list[str]) -> None:
+    """A Job's command by its CLI's entry point (what the image's ``rectrain`` / ``recserve`` run) in this
+    process: a new interpreter per Job would only add torch's import. The server keeps its own processes."""
+    code = main(argv)
+    assert code == 0, f"{argv} exited {code}"
 
 
 def _train(root: Path) -> None:
     """The training Job's command in one process (no torchrun), shortened, its paths on local volumes."""
+    from rectrain.cli import main
+
     job = k8s_object("Job", "rectrain-train")
     (container,) = pod_spec(job)["containers"]
     argv = _workload("Job", "rectrain-train", root)
@@ -71,13 +74,15 @@ def _train(root: Path) -> None:
     paths = [run_config["checkpoint"]["dir"], run_config["train"]["metrics_log"]]
     checkpoints, metrics_log = localize(paths, pod_spec(job), container, root)
     overrides = [*SHORT_RUN, f"checkpoint.dir={checkpoints}", f"train.metrics_log={metrics_log}"]
-    _run([*RECTRAIN, *inner, *[a for o in overrides for a in ("--set", o)]], timeout=240)
+    _run(main, [*inner, *[a for o in overrides for a in ("--set", o)]])
     assert (Path(checkpoints) / "latest").is_file()
 
 
 def _export(root: Path, version: str) -> Path:
+    from recserve.cli import main
+
     argv = _workload("Job", "recserve-export", root, MODEL_VERSION=version)
-    _run([*RECSERVE, *argv[1:]], timeout=240)
+    _run(main, argv[1:])
     package = Path(argv[argv.index("--out") + 1])
     assert (package / "manifest.json").is_file() and package.name == version
     return package

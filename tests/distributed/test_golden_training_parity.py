@@ -13,30 +13,49 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.distributed.agents import free_port
 from tests.export.torchrec_fixtures import ROOT, torchrec_venv
 
 JOB = Path(__file__).with_name("golden_training_parity_job.py")
 
 
 def _run(python: str, package: str, out: Path, pythonpath: str | None, ranks: int) -> None:
+    """The job on ``ranks`` gloo ranks: the rank processes with torchrun's rank variables, launched here (a
+    torchrun agent would be one more interpreter importing torch per side); all stop when one fails."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    launch = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    done = subprocess.run(
-        [*(launch if ranks > 1 else [python]), str(JOB), package, str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
+    world = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1"}
+    world["MASTER_PORT"] = str(free_port())
+    logs = [out / f"{package}{ranks}.rank{rank}.log" for rank in range(ranks)]
+    procs = []
+    try:
+        for rank, log in enumerate(logs):
+            with open(log, "w") as sink:
+                rank_env = {**env, **world, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+                command = [python, str(JOB), package, str(out)]
+                procs.append(subprocess.Popen(command, env=rank_env, stdout=sink, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 600
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # a failed rank: the others would wait for it in a collective
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * ranks, f"{package} ranks exited {codes}:\n" + "\n".join(
+        log.read_text()[-2000:] for log in logs
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
 
 @pytest.mark.slow

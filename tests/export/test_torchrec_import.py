@@ -32,7 +32,6 @@ from tests.distributed.multiprocess import run_multiprocess
 from .common import dlrm_config, fp32_logits, request, trained_state
 from .torchrec_fixtures import (
     ROOT,
-    cli,
     run_torchrec_job,
     save_sharded_dlrm,
     torchrec_two_tower_logits,
@@ -229,10 +228,11 @@ def test_model_config_that_does_not_describe_the_checkpoint_is_named(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def torchrec_dlrm(tmp_path_factory) -> Path:
-    """A TorchRec DLRM trained and saved with DCP on 2 gloo ranks in the TorchRec reference venv."""
-    out = tmp_path_factory.mktemp("torchrec_dlrm")
-    run_torchrec_job(out, "dlrm")
+def torchrec_models(tmp_path_factory) -> Path:
+    """A TorchRec DLRM and a DLRM_DCN trained and saved with DCP on 2 gloo ranks in the TorchRec reference
+    venv (one launch for both: ``<dir>/dlrm``, ``<dir>/dlrm_dcn``)."""
+    out = tmp_path_factory.mktemp("torchrec_models")
+    run_torchrec_job(out, "dlrm", "dlrm_dcn")
     return out
 
 
@@ -245,32 +245,30 @@ def _requests(out: Path) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]
 
 
 @pytest.mark.slow
-def test_torchrec_dlrm_trained_on_two_ranks_is_served_with_torchrecs_scores(torchrec_dlrm, tmp_path):
-    from tests.serving.conftest import free_port, running_server
-    from tests.serving.test_processes import start_serve, wait_serving
+def test_torchrec_dlrm_trained_on_two_ranks_is_served_with_torchrecs_scores(
+    torchrec_models, tmp_path, capsys
+):
+    from tests.serving.conftest import running_server
 
+    torchrec_dlrm = torchrec_models / "dlrm"
     source = [
         "--from-torchrec",
         str(torchrec_dlrm / "checkpoint"),
         "--model-config",
         str(torchrec_dlrm / "model.json"),
     ]
+    # The export CLI in this process (its argv, its output): a new interpreter would only add torch's import.
     for dtype in ("fp32", "int8"):
-        done = cli("export", *source, "--out", str(tmp_path / dtype), "--dtype", dtype)
-        assert done.returncode == 0, done.stderr
-        assert "from TorchRec torch.distributed.checkpoint" in done.stdout
+        code = recserve_main(["export", *source, "--out", str(tmp_path / dtype), "--dtype", dtype])
+        output = capsys.readouterr()
+        assert code == 0, output.err
+        assert "from TorchRec torch.distributed.checkpoint" in output.out
     dense, kjt, torchrec_logits = _requests(torchrec_dlrm)
     expected = torch.sigmoid(torchrec_logits)
 
-    port = free_port()
-    proc = start_serve("--package", str(tmp_path / "fp32"), "--port", str(port), "--metrics-port", "-1")
-    try:
-        client = PredictorClient(f"127.0.0.1:{port}")
-        wait_serving(client, proc)
-        assert torch.equal(client.predict(dense, kjt, timeout=30), expected)
-    finally:
-        proc.kill()
-        proc.wait()
+    with running_server(tmp_path / "fp32") as server:
+        scores = PredictorClient(f"127.0.0.1:{server.port}").predict(dense, kjt, timeout=30)
+    assert torch.equal(scores, expected)
 
     manifest = read_manifest(tmp_path / "int8")
     assert manifest.accuracy["passed"] and manifest.source["format"] == "torch.distributed.checkpoint"
@@ -282,10 +280,10 @@ def test_torchrec_dlrm_trained_on_two_ranks_is_served_with_torchrecs_scores(torc
 
 
 @pytest.mark.slow
-def test_torchrec_dlrm_dcn_checkpoint_exports_to_torchrecs_scores(tmp_path):
-    run_torchrec_job(tmp_path, "dlrm_dcn")
-    cfg = read_model_config(tmp_path / "model.json")
-    imported_cfg, state, _ = load_torchrec(tmp_path / "checkpoint", cfg)
+def test_torchrec_dlrm_dcn_checkpoint_exports_to_torchrecs_scores(torchrec_models, tmp_path):
+    out = torchrec_models / "dlrm_dcn"
+    cfg = read_model_config(out / "model.json")
+    imported_cfg, state, _ = load_torchrec(out / "checkpoint", cfg)
     path = export_package(tmp_path / "pkg", model_config=imported_cfg, state_dict=state, dtype="fp32")
-    dense, kjt, torchrec_logits = _requests(tmp_path)
+    dense, kjt, torchrec_logits = _requests(out)
     assert torch.equal(Predictor.load(path).predict_logits(dense, kjt), torchrec_logits)

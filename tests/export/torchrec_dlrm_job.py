@@ -2,10 +2,12 @@
 DistributedModelParallel on gloo, saves it with ``torch.distributed.checkpoint`` (model and fused optimizer
 state), and writes TorchRec's own forward logits on a fixed set of requests to ``requests.safetensors``.
 
-    torchrun --standalone --nproc_per_node 2 torchrec_dlrm_job.py --out DIR --kind dlrm|dlrm_dcn
+    torchrun --standalone --nproc_per_node 2 torchrec_dlrm_job.py --out DIR --kind dlrm [--kind dlrm_dcn]
 
-Writes ``DIR/checkpoint`` (the DCP directory), ``DIR/model.json`` (our ModelConfig of the model) and
-``DIR/requests.safetensors`` (``dense``, ``values``, ``lengths`` of each request and TorchRec's ``logits``).
+For each kind (one after the other in the same ranks: one launch instead of one per kind), writes
+``DIR/KIND/checkpoint`` (the DCP directory), ``DIR/KIND/model.json`` (our ModelConfig of the model)
+and ``DIR/KIND/requests.safetensors`` (``dense``, ``values``, ``lengths`` of each request and TorchRec's
+``logits``).
 Tables: t_tw0/t_tw1 table-wise, t_cw column-wise (2 shards), t_twcw table-column-wise,
 t_dp data-parallel (TorchRec on CPU offers no row-wise sharding).
 """
@@ -116,27 +118,21 @@ def shard(model: DLRMTrain, world_size: int) -> DistributedModelParallel:
     return DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--kind", default="dlrm", choices=["dlrm", "dlrm_dcn"])
-    parser.add_argument("--steps", type=int, default=20)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
+def train_and_save(kind: str, steps: int, out: Path) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    dmp = shard(build(args.kind), world_size)
+    dmp = shard(build(kind), world_size)
     dense_optimizer = torch.optim.Adam(
         [p for n, p in dmp.named_parameters() if "embedding_bags" not in n], lr=0.01
     )
     dmp.train()
-    for step in range(args.steps):
+    for step in range(steps):
         loss, _ = dmp(batch(32, seed=1000 * step + rank))
         dense_optimizer.zero_grad()
         loss.backward()
         dense_optimizer.step()
 
-    out = Path(args.out)
     state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
     dcp.save(state, checkpoint_id=str(out / "checkpoint"))
 
@@ -157,9 +153,20 @@ def main() -> None:
             str(out / "requests.safetensors"),
             metadata={"keys": json.dumps(FEATURES)},
         )
-        (out / "model.json").write_text(json.dumps(model_config(args.kind), indent=1))
+        (out / "model.json").write_text(json.dumps(model_config(kind), indent=1))
         print(json.dumps(sorted(dmp.state_dict())))
     dist.barrier()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kind", action="append", choices=["dlrm", "dlrm_dcn"], required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    for kind in args.kind:
+        train_and_save(kind, args.steps, Path(args.out) / kind)
     dist.destroy_process_group()
     # A rank that ran gloo collectives can abort in interpreter finalization ("terminate called without an
     # active exception"), which torchrun reports as a failed job; everything is on disk by now.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -124,27 +123,13 @@ def torchrec_venv() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def run_torchrec_job(out: Path, kind: str) -> None:
-    """Train and save a TorchRec DLRM of ``kind`` on 2 gloo ranks (see torchrec_dlrm_job.py)."""
+def run_torchrec_job(out: Path, *kinds: str) -> None:
+    """Train and save a TorchRec DLRM of each of ``kinds`` on 2 gloo ranks in one launch, each in
+    ``out/<kind>`` (see torchrec_dlrm_job.py)."""
     venv = torchrec_venv()
-    command = [
-        str(venv / "bin" / "torchrun"),
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(JOB),
-        "--out",
-        str(out),
-        "--kind",
-        kind,
-    ]
+    command = [str(venv / "bin" / "torchrun"), "--standalone", "--nproc_per_node", "2", str(JOB)]
+    command += ["--out", str(out), *[arg for kind in kinds for arg in ("--kind", kind)]]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)  # the job runs on TorchRec's venv alone
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recserve.cli", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from recserve.cli import main as recserve_main
 from recserve.client import AdminClient, PredictorClient
 from recserve.client.loadgen import LoadgenConfig, run_loadgen
 from recserve.server.operations.workers import cpu_groups
@@ -267,7 +268,7 @@ def _make_certs(d: Path) -> dict[str, Path]:
 
 
 @pytest.mark.slow
-def test_mutual_tls_and_the_query_command(package, tmp_path):
+def test_mutual_tls_and_the_query_command(package, tmp_path, capsys):
     from .conftest import running_server
 
     c = _make_certs(tmp_path)
@@ -292,14 +293,12 @@ def test_mutual_tls_and_the_query_command(package, tmp_path):
             "--tls-key",
             str(c["client.key"]),
         ]
-        out = subprocess.run(
-            [*CLI, "query", "--target", addr, "--input", str(example), *tls_args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stderr
-        reply = json.loads(out.stdout)
+        # The query command by its entry point in this process: a new interpreter only adds torch's import.
+        capsys.readouterr()
+        code = recserve_main(["query", "--target", addr, "--input", str(example), *tls_args])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        reply = json.loads(out.out)
         expected = secure.predict_lists([[0.1, 0.2, 0.3, 0.4]], {"f0": [[1, 2]], "f1": [[3]], "f2": [[]]})
         assert reply["model_version"] == "1" and reply["scores"] == pytest.approx(expected)
 
