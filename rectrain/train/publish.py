@@ -53,6 +53,11 @@ _BASE = re.compile(r"^(\d+)(-deltas)?$")
 _DUE, _BASE_DONE, _BASE_FAILED, _DELTA_FAILED = 1, 2, 4, 8
 
 
+def _joined(tensors: list[Tensor]) -> Tensor:
+    """The tensors end to end; one (a table held by one rank) as it is, without a copy."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
 @dataclass
 class _BaseExport:
     version: str
@@ -326,11 +331,8 @@ class Publisher:
         rows: dict[str, tuple[Tensor, Tensor]] = {}
         for index, table in enumerate(self.tables):
             pieces = [p for rank_parts in parts for p in rank_parts if p.table == index]
-            if len(pieces) == 1 and pieces[0].rows.dtype == torch.uint8:  # a table on one rank: as gathered
-                rows[table.name] = (pieces[0].ids, pieces[0].rows)
-                continue
             if pieces and all(p.rows.dtype == torch.uint8 for p in pieces):
-                rows[table.name] = (torch.cat([p.ids for p in pieces]), torch.cat([p.rows for p in pieces]))
+                rows[table.name] = (_joined([p.ids for p in pieces]), _joined([p.rows for p in pieces]))
                 continue
             ids = torch.cat([p.ids for p in pieces]).unique() if pieces else changed[index][:0]
             full = torch.zeros(ids.numel(), table.embedding_dim)
