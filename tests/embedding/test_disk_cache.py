@@ -60,6 +60,46 @@ def test_hot_rows_stay_resident_while_the_tail_churns(files: DiskBuffers) -> Non
             assert bool((cache.tables[0].slot_of_row[hot] >= 0).all()), f"step {step}: a hot row was evicted"
 
 
+def test_a_large_cache_fills_its_empty_slots_then_evicts_from_a_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over MIN_WINDOW x WINDOW slots a batch's victims come from a window at the clock hand, not from every
+    # slot; a low RESCALE makes the scores' rescaling happen during the run too.
+    monkeypatch.setattr(disk_cache, "RESCALE", 2.0)
+    rows, slots = 40_000, 3 * disk_cache.MIN_WINDOW + 100
+    before = disk_tables.settings()
+    disk_tables.configure(DiskTablesSettings(dir=str(tmp_path)))
+    try:
+        files = DiskBuffers("t", {"weights": (rows, torch.float32), "momentum1": (rows, torch.float32)})
+    finally:
+        disk_tables.configure(before)
+    files["weights"].copy_(torch.arange(rows, dtype=torch.float32))
+    files["momentum1"].copy_(-torch.arange(rows, dtype=torch.float32))
+    table = CachedTable(
+        "t",
+        {"weights": torch.zeros(slots, 1), "momentum1": torch.zeros(slots, 1)},
+        {"weights": files["weights"].view(rows, 1), "momentum1": files["momentum1"].view(rows, 1)},
+    )
+    cache = RowCache([table], [1])
+    hot = torch.arange(100)
+    generator = torch.Generator().manual_seed(3)
+    for step in range(32):
+        cold = 100 + torch.randperm(rows - 100, generator=generator)[:1000]
+        ids = torch.cat([hot.repeat(3), cold, cold[:50]]) if step % 2 == 0 else cold
+        batch = cache.remap(ids, _offsets(ids), train=True)
+        _check_slots(cache, ids, batch)
+        if step < 12:  # the cache is not yet full: rows take never-used slots, nothing is evicted
+            assert cache.writes == 0 and table.filled == cache.misses
+        elif step >= 14:
+            assert bool((table.slot_of_row[hot] >= 0).all()), f"step {step}: a hot row was evicted"
+    # Filling stops short of a batch's misses; the last never-used slots (score 0) are then the window's.
+    assert slots - 1100 < table.filled <= slots
+    assert table.hand != 0, "the later batches' victims came from the window"
+    assert cache.writes > 0
+    cache.flush()
+    assert torch.equal(files["weights"], torch.arange(rows, dtype=torch.float32)), "rows went back whole"
+
+
 def test_moves_fan_out_over_the_io_threads_and_write_back_whole_rows(
     files: DiskBuffers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
