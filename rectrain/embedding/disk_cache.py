@@ -280,7 +280,7 @@ class RowCache:
         self._pending: Future | None = None
         self._prefetched: _Prefetched | None = None
         # Per-row scratch of ``_unique`` (one plan runs at a time: a step waits for the prefetch first).
-        self._scratch = np.empty(0, dtype=np.int64)
+        self._scratch = np.empty(0, dtype=np.int32)
 
     @property
     def hit_rate(self) -> float:
@@ -435,12 +435,13 @@ class RowCache:
         return _Planned(torch.from_numpy(slots[inverse]), torch.from_numpy(slots), ids.numel()), move
 
     def _unique(self, ids: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The distinct values of ``ids`` (in order of last occurrence), each id's index among them, and
-        their counts; without a sort: every id writes its position to a per-row scratch array, and an id
-        is its row's representative where it reads its own position back (the last writer)."""
+        """The distinct values of ``ids`` (in no particular order), each id's index among them, and their
+        counts; without a sort: every id writes its position to a per-row scratch array, and an id is its
+        row's representative where it reads its own position back. Which of a row's positions is kept is
+        numpy's choice; exactly one is, and every id of the row reads that one."""
         if self._scratch.size < rows:
-            self._scratch = np.empty(max(rows, max(t.rows for t in self.tables)), dtype=np.int64)
-        positions = np.arange(ids.size)
+            self._scratch = np.empty(max(rows, max(t.rows for t in self.tables)), dtype=np.int32)
+        positions = np.arange(ids.size, dtype=np.int32)
         self._scratch[ids] = positions
         last = self._scratch[ids]
         representative = last == positions
