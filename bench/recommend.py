@@ -1,7 +1,7 @@
 """Recommend served: a two-tower + DLRM pipeline over an item catalogue, its index, latency and capacity.
 
 Builds (seeded weights) a two-tower package (users x 64 and items x 64 tables, towers ending in 64 dims; the
-item rows drawn around 1,000 centres, as a trained item table clusters them) and a small DLRM ranking
+user and item rows drawn around 1,000 centres each, as trained tables cluster them) and a small DLRM ranking
 package (``ranking_config``: user, item and genre tables of 64 dims, bottom MLP 128-64, top MLP 256-64-1),
 writes a generated catalogue of ``--items`` items, exports the pipeline (the index chosen by size, its
 recall@100 measured against exact search on 256 sampled queries), then starts ``recserve serve <pipeline>``
