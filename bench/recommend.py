@@ -1,7 +1,7 @@
 """Recommend served: a two-tower + DLRM pipeline over an item catalogue, its index, latency and capacity.
 
 Builds (seeded weights) a two-tower package (users x 64 and items x 64 tables, towers ending in 64 dims; the
-item rows drawn around 1,000 centres, as a trained item table clusters them) and a small DLRM ranking
+user and item rows drawn around 1,000 centres each, as trained tables cluster them) and a small DLRM ranking
 package (``ranking_config``: user, item and genre tables of 64 dims, bottom MLP 128-64, top MLP 256-64-1),
 writes a generated catalogue of ``--items`` items, exports the pipeline (the index chosen by size, its
 recall@100 measured against exact search on 256 sampled queries), then starts ``recserve serve <pipeline>``
@@ -53,17 +53,19 @@ from rectrain.models.config import ModelConfig
 USERS, GENRES, DIM, USER_DENSE, CLUSTERS = 100_000, 100, 64, 4, 1000
 
 
-def _export(out: Path, cfg: ModelConfig, name: str, seed: int, clustered: str = "") -> Path:
+def _export(out: Path, cfg: ModelConfig, name: str, seed: int, clustered: tuple[str, ...] = ()) -> Path:
     torch.manual_seed(seed)
     state = build_model(cfg).state_dict()
-    if clustered:
-        # Trained towers place similar items together; seeded random rows would scatter them uniformly,
-        # which no index is built for. The item table's rows are drawn around CLUSTERS centres instead.
-        rows = state[clustered]
-        g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    for table in clustered:
+        # Trained towers place similar users and similar items together; seeded random rows would scatter
+        # them uniformly, which no index is built for, and rows at the tables' small initial scale would
+        # leave every query the tower's bias (one direction, the same top items for every user). The
+        # tables' rows are drawn around CLUSTERS centres instead, at the scale of trained rows.
+        rows = state[table]
         centres = torch.randn(CLUSTERS, rows.shape[1], generator=g)
         member = torch.randint(0, CLUSTERS, (rows.shape[0],), generator=g)
-        state[clustered] = (centres[member] + 0.5 * torch.randn(rows.shape, generator=g)) * 0.1
+        state[table] = centres[member] + 0.5 * torch.randn(rows.shape, generator=g)
     return export_package(out, model_config=cfg, state_dict=state, model_name=name, force=True)
 
 
@@ -120,7 +122,8 @@ def build_pipeline(root: Path, items: int, limits: Limits) -> tuple[Path, float]
         dense_in_features=0,
         tower_layer_sizes=[128, DIM],
     )
-    retrieval = _export(root / "tt", tower, "towers", 1, clustered="model.ebc.embedding_bags.item_t.weight")
+    tables = ("model.ebc.embedding_bags.user_t.weight", "model.ebc.embedding_bags.item_t.weight")
+    retrieval = _export(root / "tt", tower, "towers", 1, clustered=tables)
     rank = _export(root / "rank", ranking_config(items), "ranker", 2)
     catalogue = write_catalogue(root / "items.tsv", items)
     started = time.perf_counter()

@@ -23,7 +23,7 @@ def add_pipeline_command(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="the pipeline package directory to write")
     p.add_argument("--user-dense", type=int, default=None, help="dense values a request sends (checked)")
     p.add_argument("--index", choices=INDEX_TYPES, default="auto", help="ANN index (default: by size)")
-    p.add_argument("--target-recall", type=float, default=0.97, help="IVF: nprobe reaches this recall@100")
+    p.add_argument("--target-recall", type=float, default=0.96, help="IVF: nprobe reaches this recall@100")
     defaults = Limits()
     for name in ("num_candidates", "max_candidates", "top_k", "max_k", "max_exclude"):
         flag = "--" + name.replace("_", "-")

@@ -136,7 +136,7 @@ def export_pipeline(
     user_dense: int | None = None,
     limits: Limits | None = None,
     index: str = "auto",
-    target_recall: float = 0.97,
+    target_recall: float = 0.96,
     recall_queries: int = 256,
     batch_rows: int = 65_536,
     model_name: str = "recommend",

@@ -53,6 +53,7 @@ class ItemStore:
         self.item_ids = take("item_ids", torch.int64, (rows,))
         self.dense = take("dense", torch.float32, (rows, len(plan.item_dense)))
         self.features: dict[str, tuple[Tensor, Tensor]] = {}
+        self.widths: dict[str, int] = {}
         for f in plan.ranking_item_features:
             offsets = take(f"{f}.offsets", torch.int64, (rows + 1,))
             values = take(f"{f}.values", torch.int64, None)
@@ -63,4 +64,7 @@ class ItemStore:
             if values.numel() and (int(values.min()) < 0 or int(values.max()) >= bound):
                 raise PackageError(f"{path}: tensor '{f}.values' holds ids outside [0, {bound})")
             self.features[f] = (offsets, values)
+            width = values.numel() // rows if rows else 0
+            if width and torch.equal(offsets, torch.arange(rows + 1) * width):
+                self.widths[f] = width  # every bag holds `width` ids: gathered as rows of a 2-D view
         self.rows = rows

@@ -209,7 +209,7 @@ class RecommendPipeline:
         if total == 0:
             return [torch.empty(0) for _ in candidates]
         user = {f: user_bags[f] for f in self.plan.ranking_user_features}
-        items = item_bags(self.items.features, rows)
+        items = item_bags(self.items.features, rows, self.items.widths)
         scores = self.ranking.scores(user, user_dense, counts, items, self.items.dense[rows])
         return list(torch.split(scores, counts.tolist()))
 

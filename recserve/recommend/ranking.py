@@ -77,6 +77,20 @@ class Ranker:
         return torch.sigmoid(logits.reshape(total).float())
 
 
-def item_bags(features: dict[str, tuple[Tensor, Tensor]], rows: Tensor) -> Bags:
-    """The catalogue's item features (``{feature: (offsets, values)}``) of the positions ``rows``."""
-    return {f: jagged_gather(offsets, values, rows) for f, (offsets, values) in features.items()}
+def item_bags(
+    features: dict[str, tuple[Tensor, Tensor]], rows: Tensor, widths: dict[str, int] | None = None
+) -> Bags:
+    """The catalogue's item features (``{feature: (offsets, values)}``) of the positions ``rows``.
+
+    A feature whose every bag holds ``widths[f]`` ids is gathered as rows of a ``[M, width]`` view (the same
+    ids in the same order as the jagged gather, without its offsets arithmetic: a third of the ranking
+    stage's work besides the model, measured at 1,000 candidates)."""
+    out = {}
+    for f, (offsets, values) in features.items():
+        width = (widths or {}).get(f)
+        if width:
+            ids = values.view(-1, width).index_select(0, rows).reshape(-1)
+            out[f] = (torch.full((rows.numel(),), width, dtype=torch.int64), ids)
+        else:
+            out[f] = jagged_gather(offsets, values, rows)
+    return out

@@ -30,6 +30,8 @@ def test_ivf_reaches_the_target_recall_and_reads_back_mapped(tmp_path):
         choice.type == "ivf" and choice.recall >= 0.95 and choice.params["nprobe"] <= choice.params["nlist"]
     )
     assert choice.params["kmeans_iterations"] == KMEANS_ITERATIONS  # recorded in the manifest
+    # Searched by L2 over the embeddings with one column appended (the inner product's order, exactly).
+    assert choice.params["mips_to_l2"] is True and index.d == 17
     write_index(index, tmp_path / "index.faiss")
     mapped = read_index(tmp_path / "index.faiss", choice.to_dict())
     exact = torch.topk(queries @ embeddings.T, 20).indices.numpy()
@@ -60,7 +62,34 @@ def test_exact_search_by_blocks_equals_brute_force(monkeypatch):
 
 def test_ivf_trains_on_a_sample_of_a_large_catalogue():
     nlist, train_rows = ivf_shape(1_000_000)
-    assert nlist == 1000 and train_rows == TRAIN_PER_LIST * nlist == 64_000
+    assert nlist == 2000 and train_rows == TRAIN_PER_LIST * nlist == 80_000
     assert 39 <= TRAIN_PER_LIST <= 256  # faiss's range of training vectors per list
-    assert ivf_shape(6000) == (77, 64 * 77)
-    assert ivf_shape(100) == (1, 64)  # a tiny one: one list
+    assert ivf_shape(6000) == (150, 40 * 150)  # 2 sqrt(items) lists, each trained on 40 vectors
+    assert ivf_shape(100) == (2, 80)  # a tiny one: as many lists as 40-vector samples allow
+    assert ivf_shape(50) == (1, 40)
+
+
+def test_the_augmented_l2_order_is_the_inner_product_order():
+    # Every list probed: the L2 search over [x, sqrt(R^2 - |x|^2)] with the query's column 0 finds exactly
+    # the items of the largest inner product, in that order (embeddings of unequal norms).
+    g = torch.Generator().manual_seed(2)
+    embeddings = torch.randn(3000, 8, generator=g) * torch.rand(3000, 1, generator=g) * 3
+    queries = torch.randn(16, 8, generator=g)
+    index, choice = build_index(embeddings, queries, kind="ivf", recall_at=10, target_recall=1.0)
+    index.nprobe = choice.params["nlist"]
+    expected = torch.topk(queries @ embeddings.T, 10).indices
+    assert torch.equal(search(index, queries, 10)[1], expected)
+
+
+def test_an_inner_product_index_of_an_older_package_still_reads(tmp_path):
+    import faiss
+
+    old = faiss.IndexIVFFlat(faiss.IndexFlatIP(8), 8, 4, faiss.METRIC_INNER_PRODUCT)
+    data = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    old.train(data)
+    old.add(data)
+    write_index(old, tmp_path / "old.faiss")
+    entry = {"type": "ivf", "params": {"nlist": 4, "nprobe": 4}}
+    mapped = read_index(tmp_path / "old.faiss", entry)
+    expected = torch.topk(torch.from_numpy(data[:3]) @ torch.from_numpy(data).T, 5).indices
+    assert torch.equal(search(mapped, torch.from_numpy(data[:3]), 5)[1], expected)

@@ -46,6 +46,7 @@ def test_items_hold_the_catalogue(pipeline):
     row = 10  # genres {10 % 7, 30 % 7} = {3, 2}
     assert values[offsets[row] : offsets[row + 1]].tolist() == [2, 3]
     assert items.dense[row].item() == pytest.approx(10 / 13, abs=1e-4)
+    assert items.widths == {"item": 1}  # one id per item; genre bags hold one or two
 
 
 def test_recommendations_are_the_ranking_models_top_k(pipeline):

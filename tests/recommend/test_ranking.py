@@ -81,3 +81,19 @@ def test_user_columns_are_found_in_shared_and_mean_pooled_tables(tmp_path):
     got = ranker.scores(users, dense, counts, items, item_dense)
     want = _joined_scores(predictor, users, dense, counts, items, item_dense)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_fixed_width_features_gather_the_same_bags_as_the_jagged_path():
+    # Every bag of "item" holds one id, of "pair" two: gathered as rows of a 2-D view, the same ids in the
+    # same order as the jagged gather; a feature left out of the widths still goes the jagged way.
+    g = torch.Generator().manual_seed(6)
+    features = {
+        "item": (torch.arange(21), torch.randint(0, ITEMS, (20,), generator=g)),
+        "pair": (torch.arange(21) * 2, torch.randint(0, GENRES, (40,), generator=g)),
+        "genre": _catalogue(20, seed=7)[0]["genre"],
+    }
+    rows = torch.tensor([3, 0, 19, 3, 7])
+    got = item_bags(features, rows, {"item": 1, "pair": 2})
+    want = item_bags(features, rows)
+    for f in features:
+        assert torch.equal(got[f][0], want[f][0]) and torch.equal(got[f][1], want[f][1]), f
