@@ -11,7 +11,8 @@ changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one
    folds them into one: latest row wins), prepares the next version on this thread beside serving
    (``Predictor.prepare_delta``), then swaps it in in the runner's turn between two batches
    (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version and the
-   batch path waits only for the swap.
+   batch path waits only for the swap. The thread runs at a lower priority (``lower_thread_priority``):
+   the batches, and a trainer on the same cores, preempt it.
 
 ``apply_delta`` keeps the changed rows in a per-worker overlay: the tables the workers map from the base's
 files are never written or copied here.
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 from recserve.errors import PackageError
 from recserve.server.dataplane.runner import ModelRunner
 from recserve.server.operations.metrics import ServerMetrics
+from rectrain.priority import lower_thread_priority
 
 if TYPE_CHECKING:
     from recserve.runtime.package import PackageManifest
@@ -127,6 +129,10 @@ class Follower:
         self._thread.start()
 
     def _run(self, poll_bases: Callable[[], None], current: Callable[[], ModelRunner | None]) -> None:
+        # Reading, verifying and preparing a delta (and loading a new base) gives way to the batches this
+        # worker serves and to the trainer beside it: a batch preempts it at once instead of sharing a core
+        # with it, and it runs when the cores would otherwise idle (the swap itself is in the batch's turn).
+        lower_thread_priority()
         last_error = ""
         while not self._stop.wait(self._interval_s):
             try:
