@@ -101,13 +101,7 @@ class Publisher:
         self._sequence = 0
         self._pending: _BaseExport | None = None
         self._since_cut: list[Tensor] | None = None
-        # Rank 0 writes each delta (serialize, hash, fsync) on a thread that yields to the training step and
-        # to the servers beside it: nothing waits for it but the next publish, a period later.
-        self._writer = (
-            ThreadPoolExecutor(1, "delta-writer", initializer=lower_thread_priority)
-            if self.rank == 0
-            else None
-        )
+        self._writer = ThreadPoolExecutor(1, "delta-writer") if self.rank == 0 else None
         self._last_write: Future | None = None
         self._publishes_since_cut = 0
         self._delta_failed = False
