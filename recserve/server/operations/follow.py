@@ -12,7 +12,7 @@ changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one
    (``Predictor.prepare_delta``), then swaps it in in the runner's turn between two batches
    (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version and the
    batch path waits only for the swap. The thread runs at a lower priority (``lower_thread_priority``):
-   the batches, and a trainer on the same cores, preempt it.
+   the batches, and a trainer on the same cores, preempt it; the swap runs on the batch thread.
 
 ``apply_delta`` keeps the changed rows in a per-worker overlay: the tables the workers map from the base's
 files are never written or copied here.
