@@ -27,12 +27,11 @@ from recserve.export import export_package
 from recserve.export.delta import write_delta
 from recserve.runtime import Predictor
 from recserve.server.operations.config import ServeConfig, ServeConfigError
-from recserve.server.operations.follow import Follower
+from recserve.server.operations.follow import FOLLOWER_NICE, Follower
 from recserve.server.operations.metrics import FRESHNESS, MODEL_TIMESTAMP, ServerMetrics, _WorkerFiles
 from recserve.server.transports.codec import scores_of
 from recserve.server.transports.protos import oip_pb2_grpc
 from rectrain.models import build_model
-from rectrain.priority import BACKGROUND_NICE
 
 from .conftest import free_port, model_config, parse_metrics, random_batch, running_server, scrape, wait_for
 from .test_oip import infer_request
@@ -357,5 +356,5 @@ def test_the_follower_reads_and_prepares_deltas_at_a_lower_priority_than_serving
         wait_for(lambda: scanned, 20)
     finally:
         follower.stop()
-    assert scanned[0] == min(19, main + BACKGROUND_NICE)
+    assert scanned[0] == min(19, main + FOLLOWER_NICE) > main
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
