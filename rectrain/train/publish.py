@@ -19,7 +19,6 @@ removed first.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import threading
@@ -42,6 +41,7 @@ from rectrain.checkpoint import model_state
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.comm.timeouts import collective, new_group
 from rectrain.errors import ConfigError
+from rectrain.priority import lower_thread_priority
 from rectrain.train.config import RunConfig
 from rectrain.train.sync import RankAgreement
 from rectrain.train.touched import TouchedRows
@@ -380,20 +380,10 @@ def _in_background(future: Future, name: str, fn: Callable[..., Any], *args: Any
     base export (what it leaves is a dot-named staging folder, removed by the next run)."""
 
     def run() -> None:
-        _lower_priority()
+        lower_thread_priority()
         try:
             future.set_result(fn(*args))
         except BaseException as error:  # noqa: BLE001 - reported by the publisher at the next publish
             future.set_exception(error)
 
     threading.Thread(target=run, name=name, daemon=True).start()
-
-
-def _lower_priority(by: int = 10) -> None:
-    """Make this thread yield the CPU to training (Linux threads have their own nice value): a base export
-    is background work that spends its time in I/O and GIL-free kernels; elsewhere it keeps its priority."""
-    try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + by))
-    except (AttributeError, OSError):
-        pass

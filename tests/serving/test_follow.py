@@ -8,6 +8,7 @@ in-process Predictor of a full export of the same state.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -26,7 +27,8 @@ from recserve.export import export_package
 from recserve.export.delta import write_delta
 from recserve.runtime import Predictor
 from recserve.server.operations.config import ServeConfig, ServeConfigError
-from recserve.server.operations.metrics import FRESHNESS, MODEL_TIMESTAMP, _WorkerFiles
+from recserve.server.operations.follow import FOLLOWER_NICE, Follower
+from recserve.server.operations.metrics import FRESHNESS, MODEL_TIMESTAMP, ServerMetrics, _WorkerFiles
 from recserve.server.transports.codec import scores_of
 from recserve.server.transports.protos import oip_pb2_grpc
 from rectrain.models import build_model
@@ -337,3 +339,22 @@ def test_deltas_of_lists_only_the_folders_named_as_the_writer_names_them(tmp_pat
         123456789: folder / "123456789",
     }
     assert deltas_of(tmp_path, "4") == {}
+
+
+def _none() -> None:
+    return None
+
+
+def test_the_follower_reads_and_prepares_deltas_at_a_lower_priority_than_serving(tmp_path):
+    """Its scans (bases and deltas alike) run on a thread the batches preempt; the server's threads keep
+    their priority. (Per-thread nice values are Linux's, where the server runs.)"""
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    scanned: list[int] = []
+    follower = Follower(tmp_path, ServerMetrics(), interval_s=0.01)
+    follower.start(lambda: scanned.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())), _none)
+    try:
+        wait_for(lambda: scanned, 20)
+    finally:
+        follower.stop()
+    assert scanned[0] == min(19, main + FOLLOWER_NICE) > main
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main

@@ -6,7 +6,9 @@ request.
 
 A runner that follows training (``recserve serve --follow``) changes its predictor between batches: a delta
 is applied under the same turn the batch function holds (:meth:`ModelRunner.between_batches`), so every batch
-is scored by exactly one version, and each reply carries the version that scored it (:class:`Scored`).
+is scored by exactly one version, and each reply carries the version that scored it (:class:`Scored`). The
+batch thread itself runs the change at the start of its next batch: the thread that prepared it runs at a low
+priority, and a batch waiting on a turn it held could wait for it to be scheduled again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -34,6 +37,9 @@ __all__ = ["BatchItem", "ModelRunner", "PredictorLike", "Scored", "merge_request
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# How long a change waits for the batch path to run it before the caller runs it itself (the runner is idle).
+_HANDOVER_S = 0.05
 
 
 class Scored(NamedTuple):
@@ -76,6 +82,9 @@ class ModelRunner:
         # Held by each batch and by each change of the predictor between batches (a delta); uncontended
         # but for those changes, since the batcher runs one batch at a time.
         self._turn = threading.Lock()
+        # Changes handed to the batch path (``between_batches``), run under the turn before the next batch.
+        self._changes: list[tuple[Callable[[], object], Future]] = []
+        self._changes_lock = threading.Lock()
         self.batcher: DynamicBatcher[BatchItem, Scored | Exception] = DynamicBatcher(
             self._run_batch,
             batcher_config,
@@ -109,12 +118,37 @@ class ModelRunner:
         return getattr(self.predictor, "wall_time", None)
 
     def between_batches(self, change: Callable[[], T]) -> T:
-        """Runs ``change`` (e.g. ``predictor.apply_delta``) while no batch is scored; the next one sees it."""
+        """Runs ``change`` (e.g. ``predictor.apply_delta``) while no batch is scored; the next one sees it.
+        Its result, or its exception raised here.
+
+        The batch thread runs it, under its turn, before its next batch: a caller of low priority (the
+        follower) never holds the turn a batch waits for. Only when no batch comes within ``_HANDOVER_S``
+        (an idle runner) does the caller take the turn and run it itself."""
+        done: Future = Future()
+        with self._changes_lock:
+            self._changes.append((change, done))
+        try:
+            return done.result(timeout=_HANDOVER_S)
+        except FutureTimeout:
+            pass
         with self._turn:
-            return change()
+            self._run_changes()  # none left when a batch ran it meanwhile
+        return done.result()
+
+    def _run_changes(self) -> None:
+        """The changes handed over so far, in order (the caller holds the turn)."""
+        with self._changes_lock:
+            changes, self._changes = self._changes, []
+        for change, done in changes:
+            try:
+                done.set_result(change())
+            except BaseException as error:  # noqa: BLE001 - raised to the caller of between_batches
+                done.set_exception(error)
 
     def _run_batch(self, items: list[BatchItem]) -> list[Scored | Exception]:
         with self._turn:
+            if self._changes:  # read without the lock: one handed over just now waits for the next batch
+                self._run_changes()
             version = self.version
             out = self._predict_batch(items)
         return [x if isinstance(x, Exception) else Scored(x, version) for x in out]

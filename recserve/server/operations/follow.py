@@ -11,7 +11,8 @@ changed since delta SEQ-1 of base N. Every ``interval_s`` a follower thread (one
    folds them into one: latest row wins), prepares the next version on this thread beside serving
    (``Predictor.prepare_delta``), then swaps it in in the runner's turn between two batches
    (:meth:`ModelRunner.between_batches`), so that every batch is scored by exactly one version and the
-   batch path waits only for the swap.
+   batch path waits only for the swap. The thread runs at nice + ``FOLLOWER_NICE``: the batches, and a
+   trainer on the same cores, preempt it; the swap runs on the batch thread.
 
 ``apply_delta`` keeps the changed rows in a per-worker overlay: the tables the workers map from the base's
 files are never written or copied here.
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 from recserve.errors import PackageError
 from recserve.server.dataplane.runner import ModelRunner
 from recserve.server.operations.metrics import ServerMetrics
+from rectrain.priority import lower_thread_priority
 
 if TYPE_CHECKING:
     from recserve.runtime.package import PackageManifest
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+FOLLOWER_NICE = 5  # CFS weight 335 vs 1024: about a third of a normal thread's share when both run
 
 
 def deltas_of(publish_dir: Path, base_version: str) -> dict[int, Path]:
@@ -127,6 +130,11 @@ class Follower:
         self._thread.start()
 
     def _run(self, poll_bases: Callable[[], None], current: Callable[[], ModelRunner | None]) -> None:
+        # Reading, verifying and preparing a delta (and loading a new base) gives way to the batches this
+        # worker serves and to the trainer beside it: a batch preempts it rather than sharing a core with it
+        # (the swap itself runs on the batch thread). Mildly: it must still keep up with a delta a second
+        # on a busy machine (at nice + 10, with load 14-16 on 2 cores, it fell 18 s behind).
+        lower_thread_priority(FOLLOWER_NICE)
         last_error = ""
         while not self._stop.wait(self._interval_s):
             try:
