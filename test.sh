@@ -25,7 +25,8 @@ run_pytest() {
   # One pytest process per core (pytest-xdist): most slow tests wait on subprocesses, sockets and timeouts.
   # Work stealing: a worker that runs out takes queued tests from the other, so one long test does not
   # hold a queue behind it while the other worker sits idle (--dist load hands out fixed chunks).
-  run_pytest -n "${RECTRAIN_TEST_PROCESSES:-auto}" --dist worksteal "$@"
+  # The slowest tests are printed so that the suite's length (kept under 15 minutes) is watched.
+  run_pytest -n "${RECTRAIN_TEST_PROCESSES:-auto}" --dist worksteal --durations=20 "$@"
 )
 if [ -z "${RECTRAIN_SKIP_TRITON_ENV:-}" ]; then
   (
