@@ -202,6 +202,9 @@ class CachedTable:
         if self.filled + needed <= self.slots:  # a cache not yet full: its never-used slots first
             self.filled += needed
             return np.arange(self.filled - needed, self.filled)
+        # From here on victims are chosen by score (never-used slots score 0, so they still go first); the
+        # slots past ``filled`` may now be handed out here, so the in-order fill above must not run again.
+        self.filled = self.slots
         last_used, score = self._last_used, self._score
         width = max(WINDOW * needed, MIN_WINDOW)
         if width < self.slots:

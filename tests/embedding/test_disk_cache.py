@@ -60,6 +60,20 @@ def test_hot_rows_stay_resident_while_the_tail_churns(files: DiskBuffers) -> Non
             assert bool((cache.tables[0].slot_of_row[hot] >= 0).all()), f"step {step}: a hot row was evicted"
 
 
+def test_a_cache_that_chose_victims_by_score_never_fills_in_order_again(files: DiskBuffers) -> None:
+    # 8 rows fill slots 0-7; 5 more take the two never-used slots and three victims by score; the third
+    # batch's one miss must not take slot 8 or 9 in order: they hold the second batch's rows, hits now.
+    cache = _cache(files, slots=10)
+    for ids in (
+        torch.arange(8),
+        torch.arange(100, 105),
+        torch.cat([torch.arange(100, 105), torch.tensor([200])]),
+    ):
+        _check_slots(cache, ids, cache.remap(ids, _offsets(ids), train=True))
+    cache.flush()
+    assert torch.equal(files["momentum1"], -torch.arange(ROWS, dtype=torch.float32)), "rows went back whole"
+
+
 def test_a_large_cache_fills_its_empty_slots_then_evicts_from_a_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
