@@ -63,7 +63,11 @@ def test_each_worker_says_it_in_one_line(package, tmp_path):
     bad, message = _negative_shape(package, tmp_path / "bad")
     done = _serve(bad, workers=2)
     assert done.returncode != 0
-    assert done.stderr.count(f"cannot serve: {message}\n") == 2, done.stderr[-3000:]
+    # Each worker that reaches the package says so in one line; the first to fail stops the other, which
+    # on a loaded machine may not have read the package yet.
+    said = [line for line in done.stderr.splitlines() if "cannot serve" in line]
+    assert 1 <= len(said) <= 2, done.stderr[-3000:]
+    assert all(line.endswith(f"cannot serve: {message}") for line in said), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
 
 
