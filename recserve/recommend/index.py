@@ -163,9 +163,7 @@ def build_index(
     added = time.perf_counter()
     truth = exact_search(embeddings, queries, k).numpy()
     searched = time.perf_counter()
-    padded = _augmented(queries, None)
-    padded = np.ascontiguousarray(np.hstack([padded, np.zeros((len(padded), 1), np.float32)]))
-    nprobe, measured = _smallest_nprobe(index, padded, truth, k, nlist, target_recall)
+    nprobe, measured = _smallest_nprobe(index, _query_rows(index, queries), truth, k, nlist, target_recall)
     elapsed = time.perf_counter() - started
     params = {
         "nlist": nlist,
@@ -244,8 +242,14 @@ def search(index, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
     An index over augmented embeddings (one more column than the queries: ``mips_to_l2``) is searched with
     the queries' extra column 0; its distances are then L2 ones, not inner products."""
+    distances, positions = index.search(_query_rows(index, queries), n)
+    return torch.from_numpy(distances), torch.from_numpy(positions)
+
+
+def _query_rows(index, queries: Tensor) -> np.ndarray:
+    """``queries`` as float32 rows for ``index``: with a column 0 appended where the index is over augmented
+    embeddings (one more column than the queries)."""
     q = queries.float()
     if index.d == q.shape[1] + 1:
         q = torch.cat([q, q.new_zeros(q.shape[0], 1)], dim=1)
-    distances, positions = index.search(np.ascontiguousarray(q.numpy(), dtype=np.float32), n)
-    return torch.from_numpy(distances), torch.from_numpy(positions)
+    return np.ascontiguousarray(q.numpy(), dtype=np.float32)
