@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from rectrain.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectrain.metrics.rec_metric import RecMetric
-from rectrain.metrics.summed import States, SummedStatesComputation
+from rectrain.metrics.summed import States, ThresholdedComputation
 
 THRESHOLD = "threshold"
 
@@ -35,16 +33,9 @@ def get_accuracy_states(
     }
 
 
-class AccuracyMetricComputation(SummedStatesComputation):
+class AccuracyMetricComputation(ThresholdedComputation):
     _state_names = ("accuracy_sum", "weighted_num_samples")
-    _needs_weights = False
-
-    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._threshold = threshold
-
-    def _batch_states(self, labels: Tensor, predictions: Tensor, weights: Tensor) -> dict[str, Tensor]:
-        return get_accuracy_states(labels, predictions, weights, self._threshold)
+    _get_states = staticmethod(get_accuracy_states)
 
     def _values(self, s: States) -> list[tuple[MetricName, Tensor]]:
         return [(MetricName.ACCURACY, compute_accuracy(s["accuracy_sum"], s["weighted_num_samples"]))]

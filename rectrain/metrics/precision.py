@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from rectrain.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectrain.metrics.rec_metric import RecMetric
 from rectrain.metrics.recall import compute_true_pos_sum
-from rectrain.metrics.summed import States, SummedStatesComputation
+from rectrain.metrics.summed import States, ThresholdedComputation
 
 THRESHOLD = "threshold"
 
@@ -37,16 +35,9 @@ def get_precision_states(
     }
 
 
-class PrecisionMetricComputation(SummedStatesComputation):
+class PrecisionMetricComputation(ThresholdedComputation):
     _state_names = ("true_pos_sum", "false_pos_sum")
-    _needs_weights = False
-
-    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._threshold = threshold
-
-    def _batch_states(self, labels: Tensor, predictions: Tensor, weights: Tensor) -> dict[str, Tensor]:
-        return get_precision_states(labels, predictions, weights, self._threshold)
+    _get_states = staticmethod(get_precision_states)
 
     def _values(self, s: States) -> list[tuple[MetricName, Tensor]]:
         return [(MetricName.PRECISION, compute_precision(s["true_pos_sum"], s["false_pos_sum"]))]

@@ -5,14 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from rectrain.metrics.metrics_namespace import MetricName, MetricNamespace
 from rectrain.metrics.rec_metric import RecMetric
-from rectrain.metrics.summed import States, SummedStatesComputation
+from rectrain.metrics.summed import States, ThresholdedComputation
 
 THRESHOLD = "threshold"
 
@@ -46,16 +44,9 @@ def get_recall_states(
     }
 
 
-class RecallMetricComputation(SummedStatesComputation):
+class RecallMetricComputation(ThresholdedComputation):
     _state_names = ("true_pos_sum", "false_neg_sum")
-    _needs_weights = False
-
-    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._threshold = threshold
-
-    def _batch_states(self, labels: Tensor, predictions: Tensor, weights: Tensor) -> dict[str, Tensor]:
-        return get_recall_states(labels, predictions, weights, self._threshold)
+    _get_states = staticmethod(get_recall_states)
 
     def _values(self, s: States) -> list[tuple[MetricName, Tensor]]:
         return [(MetricName.RECALL, compute_recall(s["true_pos_sum"], s["false_neg_sum"]))]

@@ -73,3 +73,18 @@ class SummedStatesComputation(RecMetricComputation):
             states = {name: state(name) for name in self._state_names}
             reports += [MetricComputationReport(name, prefix, value) for name, value in self._values(states)]
         return reports
+
+
+class ThresholdedComputation(SummedStatesComputation):
+    """Sums of a batch classified at ``threshold`` (accuracy, precision, recall): ``_get_states`` gives
+    them from ``(labels, predictions, weights, threshold)``; weights are optional."""
+
+    _needs_weights = False
+    _get_states: Callable[[Tensor, Tensor, Tensor | None, float], dict[str, Tensor]]
+
+    def __init__(self, *args: Any, threshold: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._threshold = threshold
+
+    def _batch_states(self, labels: Tensor, predictions: Tensor, weights: Tensor) -> dict[str, Tensor]:
+        return type(self)._get_states(labels, predictions, weights, self._threshold)

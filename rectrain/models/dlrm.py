@@ -237,12 +237,13 @@ class InteractionDCNArch(nn.Module):
         return self.crossnet(combined.reshape(dense_features.shape[0], -1))
 
 
-class DLRM_DCN(nn.Module):  # noqa: N801 - TorchRec's name
+class DLRM_DCN(DLRM):  # noqa: N801 - TorchRec's name
     """DLRM whose interaction is a low-rank DCN-v2 cross net (``torchrec.models.dlrm.DLRM_DCN``).
 
     Arguments as ``DLRM``, plus ``dcn_num_layers`` and ``dcn_low_rank_dim`` of the ``LowRankCrossNet`` over
     the ``(F + 1) * D`` concatenated dense and pooled sparse features; the over arch reads its output.
-    Submodule names (``sparse_arch``, ``dense_arch``, ``inter_arch.crossnet``, ``over_arch``) are TorchRec's.
+    Submodule names (``sparse_arch``, ``dense_arch``, ``inter_arch.crossnet``, ``over_arch``) are TorchRec's;
+    ``forward`` is DLRM's.
     """
 
     def __init__(
@@ -255,7 +256,7 @@ class DLRM_DCN(nn.Module):  # noqa: N801 - TorchRec's name
         dcn_low_rank_dim: int,
         dense_device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # DLRM's parts are built here, in this order (same weights per seed)
         self.sparse_arch, self.dense_arch = _bottom_archs(
             embedding_bag_collection, dense_in_features, dense_arch_layer_sizes, dense_device
         )
@@ -263,12 +264,6 @@ class DLRM_DCN(nn.Module):  # noqa: N801 - TorchRec's name
         crossnet = LowRankCrossNet(width, dcn_num_layers, dcn_low_rank_dim, device=dense_device)
         self.inter_arch = InteractionDCNArch(self.sparse_arch.F, crossnet)
         self.over_arch = OverArch(width, over_arch_layer_sizes, device=dense_device)
-
-    def forward(self, dense_features: Tensor, sparse_features: KeyedJaggedTensor) -> Tensor:
-        embedded_dense = self.dense_arch(dense_features)
-        embedded_sparse = self.sparse_arch(sparse_features)
-        concatenated = self.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
-        return self.over_arch(concatenated)
 
 
 class DLRMPrediction(nn.Module):

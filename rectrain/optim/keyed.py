@@ -26,6 +26,13 @@ from torch import Tensor
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 
+def _init_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """The hook tables ``torch.optim.Optimizer.__init__`` would make (its ``__init__`` is not called)."""
+    for name in ("step", "state_dict", "load_state_dict"):
+        setattr(optimizer, f"_optimizer_{name}_pre_hooks", OrderedDict())
+        setattr(optimizer, f"_optimizer_{name}_post_hooks", OrderedDict())
+
+
 class KeyedOptimizer(torch.optim.Optimizer):
     """A torch optimizer whose parameters have names (``torchrec.optim.KeyedOptimizer``).
 
@@ -45,12 +52,7 @@ class KeyedOptimizer(torch.optim.Optimizer):
         param_groups: Collection[Mapping[str, Any]],
     ) -> None:
         # torch's Optimizer.__init__ would copy the groups and re-create the state; both are shared instead.
-        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        _init_hooks(self)
         self.state = state
         self.param_groups = param_groups
         self.params = params
@@ -271,12 +273,7 @@ class CombinedOptimizer(KeyedOptimizer):
                 if full in seen:
                     raise ValueError(f"Duplicate param key {full}")
                 seen.add(full)
-        self._optimizer_step_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_step_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._optimizer_load_state_dict_post_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        _init_hooks(self)
         self._patch_step_function()
 
     def __repr__(self) -> str:

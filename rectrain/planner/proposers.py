@@ -171,73 +171,57 @@ class GreedyProposer(Proposer):
             self._current_proposal[largest] += 1
 
 
-class UniformProposer(Proposer):
+class _ListProposer(Proposer):
+    """Proposes ``_proposals`` in order, one per feedback."""
+
+    _proposals: list[Options]
+
+    def propose(self) -> Options | None:
+        return self._proposals[self._proposal_index] if self._proposal_index < len(self._proposals) else None
+
+    def feedback(
+        self, partitionable: bool, plan: Any = None, perf_rating: Any = None, storage_constraint: Any = None
+    ) -> None:
+        self._proposal_index += 1
+
+
+class UniformProposer(_ListProposer):
     """One proposal per sharding type that every table offers (module doc)."""
 
     def __init__(self, use_depth: bool = True) -> None:
         self._use_depth = use_depth
-        self._grouped_sharding_options: list[Options] = []
-        self._proposal_index = 0
+        self._proposals, self._proposal_index = [], 0
 
     def load(self, search_space: list[ShardingOption], enumerator: Any = None) -> None:
         fqns = set(_by_fqn(search_space))
         by_type: dict[str, list[ShardingOption]] = {}
         for option in search_space:
             by_type.setdefault(str(option.sharding_type), []).append(option)
-        self._grouped_sharding_options, self._proposal_index = [], 0
+        self._proposals, self._proposal_index = [], 0
         for options in by_type.values():
             per_table = _by_fqn(options)
             if set(per_table) == fqns:
-                self._grouped_sharding_options.append(
-                    [
-                        min(o, key=lambda x: _sharding_option_score(x, self._use_depth))
-                        for o in per_table.values()
-                    ]
-                )
-
-    def propose(self) -> Options | None:
-        if self._proposal_index < len(self._grouped_sharding_options):
-            return self._grouped_sharding_options[self._proposal_index]
-        return None
-
-    def feedback(
-        self, partitionable: bool, plan: Any = None, perf_rating: Any = None, storage_constraint: Any = None
-    ) -> None:
-        self._proposal_index += 1
+                score = lambda x: _sharding_option_score(x, self._use_depth)  # noqa: E731
+                self._proposals.append([min(o, key=score) for o in per_table.values()])
 
 
-class GridSearchProposer(Proposer):
+class GridSearchProposer(_ListProposer):
     """Every combination of the tables' options, if there are at most ``max_proposals`` (module doc)."""
 
     def __init__(self, max_proposals: int = MAX_PROPOSALS) -> None:
         self._max_proposals = max_proposals
-        self._sharding_options_by_fqn: dict[str, list[ShardingOption]] = {}
-        self._proposals: list[tuple[int, ...]] = []
-        self._proposal_index = 0
+        self._proposals, self._proposal_index = [], 0
 
     def load(self, search_space: list[ShardingOption], enumerator: Any = None) -> None:
-        self._sharding_options_by_fqn = _by_fqn(search_space)
-        for options in self._sharding_options_by_fqn.values():
+        per_table = list(_by_fqn(search_space).values())
+        for options in per_table:
             options.sort(key=_sharding_option_score)
         self._proposals, self._proposal_index = [], 0
-        total = math.prod(len(o) for o in self._sharding_options_by_fqn.values())
+        total = math.prod(len(o) for o in per_table)
         if total > self._max_proposals:
             logger.info("grid search skipped: %d proposals, at most %d allowed", total, self._max_proposals)
             return
-        self._proposals = list(
-            itertools.product(*(range(len(o)) for o in self._sharding_options_by_fqn.values()))
-        )
-
-    def propose(self) -> Options | None:
-        if self._proposal_index >= len(self._proposals):
-            return None
-        indices = self._proposals[self._proposal_index]
-        return [options[i] for i, options in zip(indices, self._sharding_options_by_fqn.values())]
-
-    def feedback(
-        self, partitionable: bool, plan: Any = None, perf_rating: Any = None, storage_constraint: Any = None
-    ) -> None:
-        self._proposal_index += 1
+        self._proposals = [list(combination) for combination in itertools.product(*per_table)]
 
 
 class DynamicProgrammingProposer(Proposer):

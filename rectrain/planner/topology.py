@@ -267,9 +267,6 @@ class Topology:
         storage = self.devices[rank].storage
         return storage.ddr if self.compute_device == "cpu" else storage.hbm
 
-    def host_of(self, rank: int) -> int:
-        return rank // self.local_world_size
-
     def _hash(self) -> int:
         """A hash of what shapes a plan (TorchRec's ``Topology._hash``), stable across processes."""
         storages = [[getattr(d.storage, k) for d in self.devices] for k in ("hbm", "ddr", "ssd")]

@@ -66,6 +66,20 @@ def _cat_lengths(tables: dict[str, JaggedTensor]) -> Tensor:
     return torch.cat([jt.lengths() for jt in tables.values()])
 
 
+def _like(features: KeyedJaggedTensor, values: Tensor, lengths: Tensor) -> KeyedJaggedTensor:
+    """``features`` (keys, weights, strides, inverse indices) with other values and lengths."""
+    return KeyedJaggedTensor(
+        keys=features.keys(),
+        values=values,
+        lengths=lengths,
+        weights=features.weights_or_none(),
+        stride=features.stride(),
+        stride_per_key=features.stride_per_key(),
+        stride_per_key_per_rank=features._stride_per_key_per_rank,
+        inverse_indices=features.inverse_indices_or_none(),
+    )
+
+
 def _check_modules(
     modules: dict[str, ManagedCollisionModule], configs: Sequence[BaseEmbeddingConfig]
 ) -> None:
@@ -146,16 +160,7 @@ class ManagedCollisionCollection(nn.Module):
             jt = JaggedTensor(values=kjt.values(), lengths=kjt.lengths(), weights=_ids_per_feature(kjt))
             remapped = _merge(remapped, module({table: jt}, mutate_miss_lengths=mutate_miss_lengths))
         assert remapped is not None  # at least one table (TorchScript needs the refinement)
-        return KeyedJaggedTensor(
-            keys=features.keys(),
-            values=_cat_values(remapped),
-            lengths=_cat_lengths(remapped),
-            weights=features.weights_or_none(),
-            stride=features.stride(),
-            stride_per_key=features.stride_per_key(),
-            stride_per_key_per_rank=features._stride_per_key_per_rank,
-            inverse_indices=features.inverse_indices_or_none(),
-        )
+        return _like(features, _cat_values(remapped), _cat_lengths(remapped))
 
     def evict(self) -> dict[str, Tensor | None]:
         """Each table's rows handed to new ids since the last call (None: none)."""
@@ -173,16 +178,7 @@ class ManagedCollisionCollection(nn.Module):
         metas: list[Tensor] = []
         for i, (_table, module) in enumerate(self._managed_collision_modules.items()):
             metas.append(module.lookup_runtime_meta(raw[i].values(), rows[i].values()).reshape(-1))
-        return KeyedJaggedTensor(
-            keys=features.keys(),
-            values=torch.cat(metas, dim=0),
-            lengths=features.lengths(),
-            weights=features.weights_or_none(),
-            stride=features.stride(),
-            stride_per_key=features.stride_per_key(),
-            stride_per_key_per_rank=features._stride_per_key_per_rank,
-            inverse_indices=features.inverse_indices_or_none(),
-        )
+        return _like(features, torch.cat(metas, dim=0), features.lengths())
 
     def lookup_custom_runtime_meta(self, remapped_ids: KeyedJaggedTensor) -> Tensor:
         """The custom per-row metadata of the rows of ``remapped_ids``, tables stacked."""

@@ -14,12 +14,9 @@ from torch import Tensor
 from rectrain.distributed import ShardingEnv
 from rectrain.distributed.comm.ops import (
     all_gather_v,
-    all_reduce_coalesced,
     all_to_all_single,
-    all_to_all_with_splits,
     alltoall_pooled,
     exchange_splits,
-    reduce_scatter_v_pooled,
 )
 from rectrain.distributed.comm.pending import Pending
 from tests.distributed.multiprocess import run_multiprocess
@@ -84,14 +81,6 @@ def _check_all_to_all(env: ShardingEnv, device: torch.device) -> None:
         env, inputs, lambda x: all_to_all_single(x, out_splits, splits[me]), _a2a_global(splits), tag=1
     )
 
-    # Input dist: ids and lengths with different splits, one splits exchange, int64 (no autograd).
-    id_splits = [[s + d for d in range(n)] for s in range(n)]
-    ids = [torch.arange(sum(id_splits[s]), device=device) + 100 * s for s in range(n)]
-    lengths = [torch.arange(sum(splits[s]), device=device) * (s + 1) for s in range(n)]
-    got_ids, got_lengths = all_to_all_with_splits([ids[me], lengths[me]], [id_splits[me], splits[me]])
-    assert torch.equal(got_ids, _a2a_global(id_splits)(ids)[me])
-    assert torch.equal(got_lengths, _a2a_global(splits)(lengths)[me])
-
 
 def _check_alltoall_pooled(env: ShardingEnv, device: torch.device) -> None:
     n = env.world_size
@@ -104,20 +93,6 @@ def _check_alltoall_pooled(env: ShardingEnv, device: torch.device) -> None:
 
     inputs = [_rand(s, 2, sum(batch), dims[s], device=device) for s in range(n)]
     _check_forward_backward(env, inputs, lambda x: alltoall_pooled(x, batch, dims), math, tag=2)
-
-
-def _check_reduce_scatter(env: ShardingEnv, device: torch.device) -> None:
-    n = env.world_size
-    for tag, splits in [(3, [3, 0, 2][:n]), (4, [2] * n)]:  # uneven (a2a + sum) and even (native)
-
-        def math(xs: list[Tensor], splits=splits) -> list[Tensor]:
-            rows = _offsets(splits)
-            return [sum(x[rows[d] : rows[d + 1]] for x in xs) for d in range(n)]
-
-        inputs = [_rand(s, tag, sum(splits), 4, device=device) for s in range(n)]
-        _check_forward_backward(
-            env, inputs, lambda x, splits=splits: reduce_scatter_v_pooled(x, splits), math, tag=tag
-        )
 
 
 def _check_all_gather(env: ShardingEnv, device: torch.device) -> None:
@@ -152,27 +127,6 @@ def _check_async(env: ShardingEnv, device: torch.device) -> None:
     assert first.done and first.wait() is first.wait()
 
 
-def _check_all_reduce_coalesced(env: ShardingEnv, device: torch.device) -> None:
-    n, me = env.world_size, env.rank
-    shapes = [(3, 4), (5,), (2, 2, 2), (1,)]
-    dtypes = [torch.float32, torch.float64, torch.float32, torch.float64]
-
-    def grads(rank: int) -> list[Tensor]:
-        specs = enumerate(zip(shapes, dtypes))
-        return [_rand(rank, 20 + i, *shape, device=device).to(dt) for i, (shape, dt) in specs]
-
-    expected = [sum(parts) for parts in zip(*(grads(r) for r in range(n)))]
-    mine = grads(me)
-    # A 40-byte cap forces several buckets per dtype.
-    assert all_reduce_coalesced(mine, bucket_cap_mb=40 / 2**20) is not None
-    for got, want in zip(mine, expected):
-        torch.testing.assert_close(got, want)
-    averaged = grads(me)
-    all_reduce_coalesced(averaged, average=True, async_op=True).wait()
-    for got, want in zip(averaged, expected):
-        torch.testing.assert_close(got, want / n)
-
-
 def _check_errors(env: ShardingEnv, device: torch.device) -> None:
     """Bad splits are rejected before any communication, with the numbers in the message."""
     n = env.world_size
@@ -182,12 +136,8 @@ def _check_errors(env: ShardingEnv, device: torch.device) -> None:
         all_to_all_single(x, [1] * n, bad)
     with pytest.raises(ValueError, match=rf"input_split_sizes has 1 entries but the process group has {n}"):
         all_to_all_single(x, [1] * n, [10])
-    with pytest.raises(ValueError, match=r"input_splits \[9, 0.*\] sum to 9 but tensor's dim 0 is 10"):
-        reduce_scatter_v_pooled(x, bad)
     with pytest.raises(ValueError, match=r"expects a .* = \[4, 3\] tensor on rank .*, got \[4, 2\]"):
         alltoall_pooled(torch.zeros(4, 2, device=device), [2, 2] + [0] * (n - 2), [3] * n)
-    with pytest.raises(ValueError, match=r"sum to 9 but tensors\[0\]'s dim 0 is 10"):
-        all_to_all_with_splits([x], [bad])
     with pytest.raises(ValueError, match=r"must be non-negative"):
         all_gather_v(x, [10, -1] + [0] * (n - 2))
 
@@ -196,10 +146,8 @@ def _run_all_checks(env: ShardingEnv, device_type: str) -> int:
     device = torch.device(device_type, torch.cuda.current_device() if device_type == "cuda" else None)
     _check_all_to_all(env, device)
     _check_alltoall_pooled(env, device)
-    _check_reduce_scatter(env, device)
     _check_all_gather(env, device)
     _check_async(env, device)
-    _check_all_reduce_coalesced(env, device)
     _check_errors(env, device)
     return env.rank
 

@@ -101,29 +101,6 @@ class AllGatherEven(Function):
         return None, divided_gradient(grad_in, ctx.group), None
 
 
-class ReduceScatterEven(Function):
-    """Sum over ranks, then scatter equal row blocks of dim 0 (block r to rank r); backward is all-gather."""
-
-    @staticmethod
-    def forward(ctx, box: WorkBox, tensor: Tensor, group: dist.ProcessGroup | None) -> Tensor:
-        ctx.group = group
-        world_size = dist.get_world_size(group)
-        assert tensor.shape[0] % world_size == 0, "caller checks that the rows split evenly"
-        out = tensor.new_empty((tensor.shape[0] // world_size, *tensor.shape[1:]))
-        box.work = compat.reduce_scatter_single(
-            out, tensor.contiguous(), dist.ReduceOp.SUM, group, async_op=True
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        world_size = dist.get_world_size(ctx.group)
-        grad_in = grad.new_empty((world_size * grad.shape[0], *grad.shape[1:]))
-        with collective("all_gather (reduce_scatter backward)", ctx.group):
-            compat.all_gather_single(grad_in, grad.contiguous(), ctx.group)
-        return None, divided_gradient(grad_in, ctx.group), None
-
-
 def comm_device(group: dist.ProcessGroup | None) -> torch.device:
     """The device small bookkeeping tensors (split sizes) must live on for ``group``'s backend."""
     if "nccl" in str(dist.get_backend(group)).lower():

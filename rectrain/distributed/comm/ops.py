@@ -8,11 +8,8 @@ raises ``CollectiveTimeoutError`` naming itself and the ranks that never reached
 
   exchange_splits          tell every rank how much it will receive (run before a variable all-to-all)
   all_to_all_single        variable all-to-all along dim 0
-  all_to_all_with_splits   several tensors (ids, lengths, weights) with one splits exchange: input dist
   alltoall_pooled          pooled embeddings [B_total, D_local] -> [B_rank, sum(D)]: table/column-wise output
-  reduce_scatter_v_pooled  sum of partial pools, rows scattered with variable batch: row-wise output dist
   all_gather_v             variable-size all-gather along dim 0
-  all_reduce_coalesced     bucketed in-place all-reduce of gradients: data-parallel tables
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from rectrain import compat
 from rectrain.distributed.comm.autograd import (
     AllGatherEven,
     AllToAllSingle,
-    ReduceScatterEven,
     WorkBox,
     comm_device,
 )
@@ -98,31 +94,6 @@ def all_to_all_single(
     return _result(Pending(box.work, lambda: out, "all_to_all_single", group), async_op)
 
 
-def all_to_all_with_splits(
-    tensors: Sequence[Tensor],
-    input_splits: Sequence[Sequence[int]],
-    group: ProcessGroup | None = None,
-    async_op: bool = False,
-) -> list[Tensor] | Pending[list[Tensor]]:
-    """Variable all-to-all of several tensors (e.g. a KJT's lengths, values, weights) along dim 0.
-
-    ``input_splits[i]`` splits ``tensors[i]`` by destination rank. The receive sizes are exchanged first
-    (one small blocking all-to-all for all tensors); the data all-to-alls then run asynchronously.
-    """
-    if len(tensors) != len(input_splits):
-        raise ValueError(f"got {len(tensors)} tensors but {len(input_splits)} lists of input_splits")
-    world_size = dist.get_world_size(group)
-    for i, (tensor, in_splits) in enumerate(zip(tensors, input_splits)):
-        _check_splits(f"input_splits[{i}]", in_splits, world_size, tensor.shape[0], f"tensors[{i}]'s dim 0")
-    output_splits = exchange_splits(input_splits, group)
-    boxes, outs = [], []
-    for tensor, in_splits, out_splits in zip(tensors, input_splits, output_splits):
-        box = WorkBox()
-        outs.append(AllToAllSingle.apply(box, tensor, out_splits, list(in_splits), group))
-        boxes.append(box)
-    return _result(Pending([b.work for b in boxes], lambda: outs, "all_to_all_with_splits", group), async_op)
-
-
 def alltoall_pooled(
     tensor: Tensor,
     batch_size_per_rank: Sequence[int],
@@ -157,33 +128,6 @@ def alltoall_pooled(
         return torch.cat([blk.view(my_batch, d) for blk, d in zip(blocks, dim_sum_per_rank)], dim=1)
 
     return _result(Pending(box.work, finish, "alltoall_pooled", group), async_op)
-
-
-def reduce_scatter_v_pooled(
-    tensor: Tensor,
-    input_splits: Sequence[int],
-    group: ProcessGroup | None = None,
-    async_op: bool = False,
-) -> Tensor | Pending[Tensor]:
-    """Sum partial pools over ranks and give rank r rows ``input_splits[r]`` (row-wise output dist).
-
-    ``tensor`` is ``[sum(input_splits), ...]`` on every rank. Equal splits use the backend's reduce-scatter;
-    unequal ones an all-to-all plus a local sum in rank order (NCCL's reduce-scatter needs equal blocks, and
-    the local sum keeps the result bitwise reproducible). Backward is the matching all-gather.
-    """
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    _check_splits("input_splits", input_splits, world_size, tensor.shape[0], "tensor's dim 0")
-    box = WorkBox()
-    if len(set(input_splits)) == 1:
-        out = ReduceScatterEven.apply(box, tensor, group)
-        return _result(Pending(box.work, lambda: out, "reduce_scatter_v_pooled", group), async_op)
-    mine = input_splits[rank]
-    received = AllToAllSingle.apply(box, tensor, [mine] * world_size, list(input_splits), group)
-
-    def finish() -> Tensor:
-        return received.view(world_size, mine, *tensor.shape[1:]).sum(dim=0)
-
-    return _result(Pending(box.work, finish, "reduce_scatter_v_pooled", group), async_op)
 
 
 def all_gather_v(
@@ -226,49 +170,3 @@ def _gather_sizes(rows: int, group: ProcessGroup | None) -> list[int]:
     with collective("all_gather_v (sizes)", group):
         compat.all_gather_single(sizes, torch.tensor([rows], dtype=torch.int64, device=device), group)
     return sizes.tolist()
-
-
-def all_reduce_coalesced(
-    tensors: Sequence[Tensor],
-    group: ProcessGroup | None = None,
-    average: bool = False,
-    bucket_cap_mb: float = 25.0,
-    async_op: bool = False,
-) -> list[Tensor] | Pending[list[Tensor]]:
-    """Sum (or average) ``tensors`` over ranks in place, flattened into buckets of at most ``bucket_cap_mb``.
-
-    Meant for data-parallel gradients: few large collectives instead of one per parameter. Tensors are grouped
-    by (device, dtype); a tensor larger than the cap gets a bucket of its own. Not differentiable.
-    """
-    if bucket_cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-    world_size = dist.get_world_size(group)
-    buckets = _buckets(tensors, int(bucket_cap_mb * 2**20))
-    flats = [torch.cat([t.detach().reshape(-1) for t in bucket]) for bucket in buckets]
-    works = [dist.all_reduce(flat, group=group, async_op=True) for flat in flats]
-
-    def finish() -> list[Tensor]:
-        for bucket, flat in zip(buckets, flats):
-            if average:
-                flat.div_(world_size)
-            for t, part in zip(bucket, flat.split([t.numel() for t in bucket])):
-                t.detach().copy_(part.view_as(t))
-        return list(tensors)
-
-    return _result(Pending(works, finish, "all_reduce_coalesced", group), async_op)
-
-
-def _buckets(tensors: Sequence[Tensor], cap_bytes: int) -> list[list[Tensor]]:
-    """Group tensors by (device, dtype), in order, into buckets of at most ``cap_bytes`` each."""
-    open_buckets: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], int]] = {}
-    closed: list[list[Tensor]] = []
-    for t in tensors:
-        key = (t.device, t.dtype)
-        bucket, size = open_buckets.get(key, ([], 0))
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > cap_bytes:
-            closed.append(bucket)
-            bucket, size = [], 0
-        bucket.append(t)
-        open_buckets[key] = (bucket, size + nbytes)
-    return closed + [bucket for bucket, _ in open_buckets.values() if bucket]

@@ -116,20 +116,32 @@ def send_features(
     routing: Routing, local: LocalFeatures, group: dist.ProcessGroup | None
 ) -> Pending[tuple[Tensor, Tensor, Tensor | None, list[int]]]:
     """Start sending ``local`` to the shards; the result is what this rank receives (source-major)."""
-    lengths, values, weights = _segments(routing, local)
+    return send_segments(routing, *_segments(routing, local), local.batch_size, group)
+
+
+def send_segments(
+    routing: Routing,
+    lengths: Tensor,
+    values: Tensor,
+    weights: Tensor | None,
+    batch: int,
+    group: dist.ProcessGroup | None,
+) -> Pending[tuple[Tensor, Tensor, Tensor | None, list[int]]]:
+    """Send ``routing``'s segments (``lengths`` ``[segments, batch]``) in stream order: one split exchange
+    and one all-to-all each for lengths, values and weights; the result is ``(lengths, values, weights,
+    every source's batch size)`` as received (source-major)."""
     order = [stream.segment for streams in routing.streams for stream in streams]
     if order != list(range(lengths.shape[0])):
         lengths, values, weights = fbgemm.permute_2D_sparse_data(
             torch.tensor(order, dtype=torch.int32, device=lengths.device), lengths, values, weights
         )[:3]
     if routing.world_size == 1:
-        return Pending.ready((lengths.reshape(-1), values, weights, [local.batch_size]))
+        return Pending.ready((lengths.reshape(-1), values, weights, [batch]))
     per_stream = lengths.sum(dim=1)
     streams_per_rank = [len(streams) for streams in routing.streams]
     value_splits = [
         int(v) for v in torch.stack([s.sum() for s in per_stream.split(streams_per_rank)]).tolist()
     ]
-    batch = local.batch_size
     length_splits = [n * batch for n in streams_per_rank]
     recv_lengths, recv_values, recv_batches = comm.exchange_splits(
         [length_splits, value_splits, [batch] * routing.world_size], group

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from rectrain.distributed.comm import ops as comm
 from rectrain.distributed.comm.pending import Pending
-from rectrain.distributed.routing.input_dist import LocalFeatures
+from rectrain.distributed.routing.input_dist import LocalFeatures, send_segments
 from rectrain.distributed.routing.routes import Routing, build_routing
 from rectrain.embedding.config import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 from rectrain.embedding.layout import group_tables
@@ -106,29 +106,13 @@ def send_ids(
 ) -> tuple[SentIds, Pending[tuple[Tensor, Tensor, list[int]]]]:
     """Start sending ``local``'s ids to the shards; the pending result is what arrives (source-major)."""
     seg_lengths, seg_values, unbucketize = sequence_segments(routing, local)
-    order = [stream.segment for streams in routing.streams for stream in streams]
-    device = seg_lengths.device
-    lengths, values = fbgemm.permute_2D_sparse_data(
-        torch.tensor(order, dtype=torch.int32, device=device), seg_lengths, seg_values, None
-    )[:2]
-    ids_per_stream = lengths.sum(dim=1).tolist()
-    value_splits, first = [], 0
-    for streams in routing.streams:
-        value_splits.append(sum(ids_per_stream[first : first + len(streams)]))
-        first += len(streams)
-    batch = local.batch_size
-    length_splits = [len(streams) * batch for streams in routing.streams]
-    recv_lengths, recv_values, recv_batches = comm.exchange_splits(
-        [length_splits, value_splits, [batch] * routing.world_size], group
-    )
-    pendings = [
-        comm.all_to_all_single(lengths.reshape(-1), recv_lengths, length_splits, group, async_op=True),
-        comm.all_to_all_single(values, recv_values, value_splits, group, async_op=True),
-    ]
+    per_segment = seg_lengths.sum(dim=1).tolist()
+    ids_per_stream = [per_segment[stream.segment] for streams in routing.streams for stream in streams]
+    sent = send_segments(routing, seg_lengths, seg_values, None, local.batch_size, group)
 
     def finish() -> tuple[Tensor, Tensor, list[int]]:
-        got_lengths, got_values = (p.wait() for p in pendings)
-        return got_lengths, got_values, recv_batches
+        lengths, values, _, batches = sent.wait()
+        return lengths, values, batches
 
     return SentIds(ids_per_stream, unbucketize), Pending(None, finish)
 

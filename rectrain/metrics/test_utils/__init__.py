@@ -56,6 +56,27 @@ NSTEPS = 10
 _WINDOW_ONLY_NAMESPACES = {"auc", "auprc", "rauc"}
 
 
+def _tasks_batch(
+    tasks: list[RecTaskInfo], batch_size: int, n_classes: int | None, device: torch.device, **kwargs: Any
+) -> dict[str, Tensor]:
+    """One random batch with every task's label, prediction and weight (``gen_test_batch``'s ``kwargs``)."""
+    batch: dict[str, Tensor] = {}
+    for task in tasks:
+        batch.update(
+            gen_test_batch(
+                label_name=task.label_name,
+                prediction_name=task.prediction_name,
+                weight_name=task.weight_name,
+                tensor_name=task.tensor_name or "tensor",
+                batch_size=batch_size,
+                n_classes=n_classes,
+                device=device,
+                **kwargs,
+            )
+        )
+    return batch
+
+
 def rec_metric_value_test_helper(
     target_clazz: type[RecMetric],
     target_compute_mode: RecComputeMode,
@@ -84,21 +105,9 @@ def rec_metric_value_test_helper(
     label_value = torch.zeros(batch_size) if zero_labels else None
     model_outs = []
     for _ in range(nsteps):
-        batch: dict[str, Tensor] = {}
-        for task in tasks:
-            batch.update(
-                gen_test_batch(
-                    label_name=task.label_name,
-                    prediction_name=task.prediction_name,
-                    weight_name=task.weight_name,
-                    tensor_name=task.tensor_name or "tensor",
-                    batch_size=batch_size,
-                    n_classes=n_classes,
-                    weight_value=weight_value,
-                    label_value=label_value,
-                    device=device,
-                )
-            )
+        batch = _tasks_batch(
+            tasks, batch_size, n_classes, device, weight_value=weight_value, label_value=label_value
+        )
         model_outs.append(batch)
 
     def target_values(
@@ -268,20 +277,7 @@ def sync_test_helper(
         window_size=batch_window_size * world_size,
         **kwargs,
     ).to(device)
-    model_out: dict[str, Tensor] = {}
-    for task in tasks:
-        model_out.update(
-            gen_test_batch(
-                label_name=task.label_name,
-                prediction_name=task.prediction_name,
-                weight_name=task.weight_name,
-                tensor_name=task.tensor_name or "tensor",
-                batch_size=batch_size,
-                n_classes=n_classes,
-                seed=42,  # the same batch on every rank, as the reference assumes
-                device=device,
-            )
-        )
+    model_out = _tasks_batch(tasks, batch_size, n_classes, device, seed=42)  # the same batch on every rank
     test_metrics: TestRecMetricOutput = ({}, {}, {}, {})
     if test_clazz is not None:
         # the reference cannot update ranks unevenly: two steps of the batch on every rank match in total
