@@ -35,8 +35,8 @@ A proxy of the full size, about 6 minutes: ``--rows 500000 --batch 128 --cap-gb 
 at the same cache share the fill time and the hit rates are the full size's (the static top 30% of rows
 would serve 0.870 of a batch's distinct rows against 0.874; measured steady 0.82-0.85 at 30%, as simulated
 at full size). The interpreter does not shrink with the rows (0.32 GB of each rank's 0.9 GB share), so the
-cap is not a tenth: at 1.8 GB the page cache holds little of the files and about two page reads per
-missed row go to the disk, as at full size.
+cap is not a tenth: at 1.8 GB the page cache holds little of the files and 1.2-1.5 page reads per missed
+row go to the disk (the row's, and for most write-backs its page's first), as in the full size's profile.
 """
 
 from __future__ import annotations
