@@ -52,11 +52,13 @@ MIN_SLOTS = 1024
 # distinct-row hit rate after 1,000 batches was 0.819 with 0.95 (20 batches, scores per slot) and 0.836
 # with 0.998 (the static top 600k rows would give 0.874). A drift in the ids takes that long to follow.
 DECAY = 0.998
-# Row moves go to at most IO_THREADS threads, in pieces of at least IO_CHUNK rows: measured on a virtual
-# disk, 12,000 scattered rows not in the page cache took 2-5 s as one gather (one page fault, one read at a
-# time) and 0.1-0.2 s as 8-32 parallel ones; rows in the page cache gain nothing from more threads.
+# A batch's row moves (all tables together) go to about IO_THREADS threads, in pieces of at least IO_CHUNK
+# rows: a row not in the page cache is a page fault that waits for the disk, one at a time per thread, so
+# the threads in flight are the disk's queue. Measured on a virtual disk, 12,000 scattered rows not in the
+# page cache took 2-5 s as one gather and 0.1-0.2 s as 8-32 parallel ones; a piece of cached rows is a
+# memcpy that a thread hand-off would cost more than.
 IO_THREADS = 16
-IO_CHUNK = 512
+IO_CHUNK = 32
 # Victims are the lowest-scored free slots of a window of WINDOW x the misses (at least MIN_WINDOW slots):
 # a hot row is evicted only when its window holds (WINDOW - 1) x the misses' worth of hotter rows.
 WINDOW = 4
@@ -174,20 +176,22 @@ class CachedTable:
         self._score = self.score.numpy()
         self._dirty = self.dirty.numpy()
 
-    def write_back_jobs(self, rows: Tensor, slots: Tensor) -> list[Callable[[], object]]:
-        """Jobs writing ``slots`` to ``rows`` of the file (whole rows, every buffer; ``rows`` sorted)."""
+    def write_back_jobs(self, rows: Tensor, slots: Tensor, piece: int) -> list[Callable[[], object]]:
+        """Jobs writing ``slots`` to ``rows`` of the file (whole rows, every buffer; ``rows`` sorted), in
+        pieces of about ``piece`` rows."""
         return [
             (lambda b=self.backing[name], c=cached, r=r, s=s: b.index_copy_(0, r, c.index_select(0, s)))
             for name, cached in self.cache.items()
-            for r, s in _pieces(rows, slots)
+            for r, s in _pieces(rows, slots, piece)
         ]
 
-    def read_jobs(self, rows: Tensor, slots: Tensor) -> list[Callable[[], object]]:
-        """Jobs reading ``rows`` of the file into ``slots`` (whole rows, every buffer; ``rows`` sorted)."""
+    def read_jobs(self, rows: Tensor, slots: Tensor, piece: int) -> list[Callable[[], object]]:
+        """Jobs reading ``rows`` of the file into ``slots`` (whole rows, every buffer; ``rows`` sorted), in
+        pieces of about ``piece`` rows."""
         return [
             (lambda b=self.backing[name], c=cached, r=r, s=s: c.index_copy_(0, s, b.index_select(0, r)))
             for name, cached in self.cache.items()
-            for r, s in _pieces(rows, slots)
+            for r, s in _pieces(rows, slots, piece)
         ]
 
     def empty(self) -> None:
@@ -239,19 +243,27 @@ class CachedTable:
         self._score[rows] += counts * self.scale
 
 
-def _pieces(rows: Tensor, slots: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """``rows`` (sorted) and their ``slots`` in contiguous pieces, one per I/O thread at most: each piece
+def _pieces(rows: Tensor, slots: Tensor, piece: int) -> list[tuple[Tensor, Tensor]]:
+    """``rows`` (sorted) and their ``slots`` in contiguous pieces of about ``piece`` rows: each piece
     touches its own stretch of the file."""
-    count = min(IO_THREADS, rows.numel() // IO_CHUNK)
+    count = -(-rows.numel() // piece)
     if count <= 1:
         return [(rows, slots)] if rows.numel() else []
     return list(zip(rows.tensor_split(count), slots.tensor_split(count)))
 
 
+def _piece(counts: Sequence[int]) -> int:
+    """Rows per piece for moves of ``counts`` rows (one per table): the batch's rows over IO_THREADS
+    pieces, whichever tables they are in (a table's few misses would otherwise be one thread's)."""
+    return max(IO_CHUNK, -(-sum(counts) // IO_THREADS))
+
+
 def _move(moves: Sequence[_Moves]) -> None:
     """All tables' write-backs, then all their reads (a slot is read into only after its old row left)."""
-    _run([job for m in moves for job in m.table.write_back_jobs(m.out_rows, m.out_slots)])
-    _run([job for m in moves for job in m.table.read_jobs(m.in_rows, m.in_slots)])
+    piece = _piece([m.out_rows.numel() for m in moves])
+    _run([job for m in moves for job in m.table.write_back_jobs(m.out_rows, m.out_slots, piece)])
+    piece = _piece([m.in_rows.numel() for m in moves])
+    _run([job for m in moves for job in m.table.read_jobs(m.in_rows, m.in_slots, piece)])
 
 
 class OutOfRange(Exception):
