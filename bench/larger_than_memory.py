@@ -454,8 +454,9 @@ def main() -> int:
                     if r:
                         print(
                             f"{ids} {label} rank {rank}: build s {r['build_s']:.1f}, peak RSS GB "
-                            f"{r['VmHWM'] / GB:.2f} (anon {r['RssAnon'] / GB:.2f}), row cache GB "
-                            f"{r['cache_bytes'] / GB:.2f}, measured from step "
+                            f"{r['VmHWM'] / GB:.2f} (anon {r['RssAnon'] / GB:.2f}), "
+                            + (f"row cache GB {r['cache_bytes'] / GB:.2f}, " if capped else "")
+                            + "measured from step "
                             f"{r['warm_steps']} (caches full: {r['full']}, settled: {r['settled']}), "
                             f"major faults per steady step {r['major_faults_per_step']:.0f}"
                         )
