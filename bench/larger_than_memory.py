@@ -7,20 +7,42 @@ Training: ``--ranks`` worker processes each train their row-wise share of every 
 rows; a DLRM step, fused row-wise Adagrad) on Zipf ids (exponent ``--zipf``, hot rows scattered over the
 table as hashed ids are) and on uniform ids. Capped, the tables are ``storage = "disk"`` and all workers run
 in one cgroup whose limit is ``--cap-gb`` (default: ``--baseline-gb`` per worker for the interpreter plus
-``--cache-fraction`` of the tables), each with a row cache of ``--cache-share`` of its tables and the next
-batch's rows prefetched while a step computes (as ``TrainPipelineSparseDist`` does); uncapped, the tables are
-in RAM and no cgroup is set. Serving: the int8
-package of the same model, loaded by ``--ranks`` workers (tables mapped), each sending requests of Zipf ids
-one every ``--interval-ms`` (the same offered load capped and uncapped), capped at ``--serve-cap-gb``.
+``--cache-fraction`` of the tables), each with a row cache sized from its share of the cap (what is left
+after the interpreter, the cache's bookkeeping and ``--page-cache-room`` of the share for the page cache;
+``--cache-share`` sets it as a share of the tables instead) and the next batch's rows prefetched while a
+step computes (as ``TrainPipelineSparseDist`` does); uncapped, the tables are in RAM and no cgroup is set.
+Serving: the int8 package of the same model, loaded by ``--ranks`` workers (tables mapped), each sending
+requests of Zipf ids one every ``--interval-ms`` (the same offered load capped and uncapped), capped at
+``--serve-cap-gb``.
 
-Prints the machine, disk and sizes, then one line per figure, value last, among them
-``capped / uncapped train throughput zipf``, ``... uniform``, ``capped / uncapped serve p99 zipf`` and
-``oom kills`` (workers the kernel killed in the caps). Needs root for the cgroup (v2 or v1).
+Measured steps: a user's long run sees a full cache whose hit rate has settled, so that is what the goal
+line measures. Each training worker runs ``--warmup`` steps, then ``--steps`` **cold-cache** steps (the
+cache still filling: every miss takes a never-used slot, no row is written back), then keeps training until
+every cache is full (its misses evict rows) and the distinct-row hit rate of the last ``--steady-window``
+steps is within 0.01 of the window before (at most ``--max-warmup`` more steps), then measures ``--steps``
+**steady** steps. The capped run goes first; the uncapped run (RAM tables, no cache) then trains the same
+batches for as many warm-up steps and measures the same steps, so both figures come from the same point of
+a run. A 600,000-slot cache (the full size) fills in about 300 steps.
+
+Prints the machine, disk and sizes, then one line per figure, value last: per run, the cold and steady
+throughput and hit rates, major page faults per steady step; then ``capped / uncapped train throughput
+zipf`` (steady: the goal line), ``... uniform``, the cold ones as ``cold-cache capped / uncapped train
+throughput zipf``, ``capped / uncapped serve p99 zipf`` and ``oom kills`` (workers the kernel killed in the
+caps). Needs root for the cgroup (v2 or v1).
+
+A proxy of the full size, about 6 minutes: ``--rows 500000 --batch 128 --cap-gb 1.8 --steps 60 --no-serve
+--id-kinds zipf``. A tenth of the rows and of the batch keeps ids per step over rows per rank (0.0082), so
+at the same cache share the fill time and the hit rates are the full size's (the static top 30% of rows
+would serve 0.870 of a batch's distinct rows against 0.874; measured steady 0.82-0.85 at 30%, as simulated
+at full size). The interpreter does not shrink with the rows (0.32 GB of each rank's 0.9 GB share), so the
+cap is not a tenth: at 1.8 GB the page cache holds little of the files and 1.2-1.5 page reads per missed
+row go to the disk (the row's, and for most write-backs its page's first), as in the full size's profile.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -68,6 +90,15 @@ def _config(args: argparse.Namespace, rows: int, storage: str):
     )
 
 
+@functools.cache
+def _zipf(rows: int, exponent: float):
+    """The Zipf ranks' cumulative weights and the fixed permutation scattering them over the table."""
+    import numpy as np
+
+    cdf = np.cumsum(1.0 / np.arange(1, rows + 1, dtype=np.float64) ** exponent)
+    return cdf, np.random.default_rng(12345).permutation(rows)
+
+
 def _ids(kind: str, rows: int, count: int, exponent: float, seed: int):
     """``count`` ids over ``rows``: Zipf (rank r drawn with weight 1 / r^exponent, ranks scattered by a fixed
     permutation) or uniform."""
@@ -76,32 +107,45 @@ def _ids(kind: str, rows: int, count: int, exponent: float, seed: int):
     gen = np.random.default_rng(seed)
     if kind == "uniform":
         return gen.integers(0, rows, count)
-    cdf = np.cumsum(1.0 / np.arange(1, rows + 1, dtype=np.float64) ** exponent)
+    cdf, scatter = _zipf(rows, exponent)
     ranks = np.searchsorted(cdf, gen.random(count) * cdf[-1])
-    return np.random.default_rng(12345).permutation(rows)[np.minimum(ranks, rows - 1)]
+    return scatter[np.minimum(ranks, rows - 1)]
 
 
 def _requests(args: argparse.Namespace, rows: int, kind: str, batch: int, n: int, seed: int):
     """``n`` batches: dense inputs and a KJT of ``--pooling`` ids per example and table."""
+    return [_request(args, rows, kind, batch, b, seed) for b in range(n)]
+
+
+def _request(args: argparse.Namespace, rows: int, kind: str, batch: int, index: int, seed: int):
+    """Batch ``index`` of a stream (its ids drawn from its own seed: the same batch capped and uncapped)."""
     import torch
 
     from rectrain.sparse import KeyedJaggedTensor
 
     keys = [f"t{i}" for i in range(args.tables)]
-    per_batch = batch * args.pooling * len(keys)
-    ids = _ids(kind, rows, per_batch * n, args.zipf, seed)
-    out = []
-    for b in range(n):
-        values = torch.from_numpy(ids[b * per_batch : (b + 1) * per_batch]).long()
-        lengths = torch.full((len(keys) * batch,), args.pooling, dtype=torch.int64)
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
-        out.append((torch.randn(batch, 13, generator=torch.Generator().manual_seed(seed + b)), kjt))
-    return out
+    ids = _ids(kind, rows, batch * args.pooling * len(keys), args.zipf, seed * 100_003 + index)
+    lengths = torch.full((len(keys) * batch,), args.pooling, dtype=torch.int64)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(ids).long(), lengths=lengths)
+    return torch.randn(batch, 13, generator=torch.Generator().manual_seed(seed + index)), kjt
 
 
 def _memory() -> dict[str, int]:
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
+
+
+def _cache_bytes(args: argparse.Namespace, rows: int) -> int:
+    """The row cache of the worker's one disk kernel: ``--cache-share`` of its rows and row-wise state where
+    given; else what is left of the rank's share of the cap once the interpreter (``--baseline-gb``, or
+    what it holds now if more), the cache's per-row bookkeeping (8 bytes a row: slot map and score) and the
+    page-cache room (``--page-cache-room`` of the share: misses and write-backs go through it) are taken."""
+    tables = args.tables * rows * (args.dim * 4 + 4)
+    if args.cache_share is not None or args.rank_share is None:
+        return int((args.cache_share or 0.3) * tables)
+    interpreter = max(args.baseline_gb * GB, _memory()["RssAnon"])
+    left = args.rank_share * (1 - args.page_cache_room) - interpreter - 8 * args.tables * rows
+    return int(min(tables, max(0.0, left)))
 
 
 def _train_worker(args: argparse.Namespace) -> dict:
@@ -113,8 +157,7 @@ def _train_worker(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     rows = args.rows // args.ranks
-    # The row cache of the worker's one disk kernel: --cache-share of its rows and row-wise state.
-    cache = int(args.cache_share * args.tables * rows * (args.dim * 4 + 4))
+    cache = _cache_bytes(args, rows)
     disk_tables.configure(disk_tables.DiskTablesSettings(dir=args.work, cache_bytes=cache))
     cfg = _config(args, rows, args.storage)
     torch.manual_seed(args.rank)
@@ -122,38 +165,97 @@ def _train_worker(args: argparse.Namespace) -> dict:
     model = build_train_model(cfg, fused_optimizer=FusedOptimizerConfig("rowwise_adagrad", lr=0.01))
     build_s = time.perf_counter() - started
     dense = torch.optim.Adagrad([p for p in model.parameters() if p.requires_grad], lr=0.01)
-    batches = _requests(args, rows, args.ids, args.batch, args.warmup + args.steps, seed=1000 * args.rank)
     prefetchers = prefetching_modules(model)
     kernels = [b for m in model.modules() for b in getattr(m, "batches", [])]
     caches = [b.cache for b in kernels if getattr(b, "cache", None) is not None]
-    times = []
-    for step, (features, kjt) in enumerate(batches):
+    seed = 1000 * args.rank
+    cold = range(args.warmup, args.warmup + args.steps)
+    # Per step: seconds and the caches' (distinct rows, rows read, ids, ids read by the step itself).
+    times: list[float] = []
+    counts: list[tuple[int, int, int, int]] = []
+    measure_from = None  # the first steady step
+    settled = args.warm_steps is not None  # (the uncapped run measures where the capped one settled)
+    step, current = 0, _request(args, rows, args.ids, args.batch, 0, seed)
+    while measure_from is None or step < measure_from + args.steps:
+        following = _request(args, rows, args.ids, args.batch, step + 1, seed)
+        features, kjt = current
         labels = torch.randint(0, 2, (args.batch,), generator=torch.Generator().manual_seed(step))
-        if step == args.warmup:  # hit rates of the measured steps only
-            for c in caches:
-                c.lookups = c.misses = c.id_lookups = c.id_misses = 0
+        if step == measure_from:
+            faults = _major_faults()
+        before = _cache_counts(caches)
         begin = time.perf_counter()
         if step == 0:
             for module in prefetchers:
                 module.prefetch(kjt)
         loss, _ = model(Batch(features, kjt, labels))
-        if step + 1 < len(batches):  # as TrainPipelineSparseDist does: the next batch's rows load meanwhile
-            for module in prefetchers:
-                module.prefetch(batches[step + 1][1])
+        for module in prefetchers:  # as TrainPipelineSparseDist does: the next batch's rows load meanwhile
+            module.prefetch(following[1])
         dense.zero_grad()
         loss.backward()
         dense.step()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - begin)
-    lookups, misses = sum(c.lookups for c in caches), sum(c.misses for c in caches)
-    hit_rate = 1.0 - misses / lookups if lookups else None
-    ids, id_misses = sum(c.id_lookups for c in caches), sum(c.id_misses for c in caches)
+        times.append(time.perf_counter() - begin)
+        counts.append(tuple(a - b for a, b in zip(_cache_counts(caches), before)))
+        step, current = step + 1, following
+        if measure_from is None and step >= cold.stop:
+            if args.warm_steps is not None:
+                measure_from = max(step, args.warm_steps)
+            elif _steady(caches, counts, args.steady_window):
+                measure_from, settled = step, True
+            elif step >= cold.stop + args.max_warmup:
+                measure_from = step
+    for c in caches:  # the last prefetch (of a batch never trained on) ends before the figures
+        c.wait()
+    steady = range(measure_from, measure_from + args.steps)
     return {
-        "id_hit_rate": 1.0 - id_misses / ids if ids else None,
-        "examples_per_s": args.batch * len(times) / sum(times),
+        "major_faults_per_step": (_major_faults() - faults) / args.steps,
+        "cold": _figures(args.batch, times, counts, cold),
+        "steady": _figures(args.batch, times, counts, steady),
+        "warm_steps": measure_from,
+        "full": all(c.full for c in caches),
+        "settled": settled,
         "build_s": build_s,
-        "hit_rate": hit_rate,
+        "cache_bytes": cache,
         **_memory(),
+    }
+
+
+def _major_faults() -> int:
+    """Page faults of this process that waited for a disk read."""
+    return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[9])
+
+
+def _cache_counts(caches: list) -> tuple[int, int, int, int]:
+    return (
+        sum(c.lookups for c in caches),
+        sum(c.misses for c in caches),
+        sum(c.id_lookups for c in caches),
+        sum(c.id_misses for c in caches),
+    )
+
+
+def _steady(caches: list, counts: list[tuple[int, int, int, int]], window: int) -> bool:
+    """Every cache full (evicting) and the distinct-row hit rate of the last ``window`` steps within 0.01
+    of the ``window`` before (a RAM model, with no caches, is steady at once)."""
+    if not caches:
+        return True
+    if not all(c.full for c in caches) or len(counts) < 2 * window:
+        return False
+    last, before = _rate(counts[-window:], 0), _rate(counts[-2 * window : -window], 0)
+    return abs(last - before) < 0.01
+
+
+def _rate(counts: list[tuple[int, int, int, int]], which: int) -> float | None:
+    """The hit rate of distinct rows (``which`` 0) or ids (2) over ``counts``; None without lookups."""
+    asked = sum(c[which] for c in counts)
+    return 1.0 - sum(c[which + 1] for c in counts) / asked if asked else None
+
+
+def _figures(batch: int, times: list[float], counts: list, steps: range) -> dict:
+    chosen = [counts[s] for s in steps]
+    return {
+        "examples_per_s": batch * len(steps) / sum(times[s] for s in steps),
+        "hit_rate": _rate(chosen, 0),
+        "id_hit_rate": _rate(chosen, 2),
     }
 
 
@@ -250,7 +352,16 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1024, help="examples per rank and step")
     parser.add_argument("--pooling", type=int, default=16, help="ids per example and table")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="steps before the cold-cache measurement")
+    parser.add_argument(
+        "--max-warmup",
+        type=int,
+        default=1000,
+        help="most steps after the cold ones until the steady measurement",
+    )
+    parser.add_argument(
+        "--steady-window", type=int, default=25, help="steps per hit-rate window (steady test)"
+    )
     parser.add_argument("--zipf", type=float, default=1.05)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--cap-gb", type=float, default=None, help="training cap, all ranks together")
@@ -258,7 +369,16 @@ def main() -> int:
     parser.add_argument("--baseline-gb", type=float, default=0.45, help="per worker, in the default caps")
     parser.add_argument("--cache-fraction", type=float, default=0.4, help="of the tables, in the default cap")
     parser.add_argument(
-        "--cache-share", type=float, default=0.3, help="of a worker's tables, its disk row cache (capped)"
+        "--cache-share",
+        type=float,
+        default=None,
+        help="of a worker's tables, its disk row cache (default: from the cap)",
+    )
+    parser.add_argument(
+        "--page-cache-room",
+        type=float,
+        default=0.15,
+        help="of a rank's share of the cap, kept for the page cache",
     )
     parser.add_argument("--serve-cache-fraction", type=float, default=0.2, help="of the package, likewise")
     parser.add_argument("--serve-batch", type=int, default=64)
@@ -275,6 +395,8 @@ def main() -> int:
     parser.add_argument("--ids", default="zipf", help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--package", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--warm-steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rank-share", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker_main(args)
@@ -292,19 +414,35 @@ def main() -> int:
         *("--tables", str(args.tables), "--rows", str(args.rows), "--dim", str(args.dim)),
         *("--ranks", str(args.ranks), "--batch", str(args.batch), "--pooling", str(args.pooling)),
         *("--steps", str(args.steps), "--warmup", str(args.warmup), "--zipf", str(args.zipf)),
-        *("--threads", str(args.threads), "--work", str(work), "--cache-share", str(args.cache_share)),
+        *("--max-warmup", str(args.max_warmup), "--steady-window", str(args.steady_window)),
+        *(
+            "--threads",
+            str(args.threads),
+            "--work",
+            str(work),
+            "--page-cache-room",
+            str(args.page_cache_room),
+        ),
+        *(("--cache-share", str(args.cache_share)) if args.cache_share is not None else ()),
+        *("--baseline-gb", str(args.baseline_gb)),
     ]
     cap_bytes = _cap_bytes(args.cap_gb, args.baseline_gb, args.ranks, args.cache_fraction, table_bytes)
     print(f"training cap: {cap_bytes / GB:.2f} GB for {args.ranks} ranks", flush=True)
     oom = 0
     try:
-        throughput: dict[tuple[str, str], float] = {}
+        throughput: dict[tuple[str, str, str], float] = {}
         kinds = args.id_kinds.split(",")
         for ids in kinds:
-            for capped in (False, True):
+            warm_steps = None
+            # Capped first: the uncapped reference then warms up for as many steps and measures the same ones.
+            for capped in (True, False):
                 cap = MemoryCap.create(f"rectrain-ltm-{os.getpid()}", cap_bytes) if capped else None
                 storage = "disk" if capped else "ram"
                 argv = [*common, "--worker", "train", "--storage", storage, "--ids", ids]
+                if capped:
+                    argv += ["--rank-share", str(cap_bytes / args.ranks)]
+                if warm_steps is not None:
+                    argv += ["--warm-steps", str(warm_steps)]
                 results, killed = _run_workers(argv, args.ranks, cap, timeout=3600)
                 if cap is not None:
                     oom += max(cap.oom_kills(), killed)
@@ -316,20 +454,29 @@ def main() -> int:
                     if r:
                         print(
                             f"{ids} {label} rank {rank}: build s {r['build_s']:.1f}, peak RSS GB "
-                            f"{r['VmHWM'] / GB:.2f} (anon {r['RssAnon'] / GB:.2f})"
+                            f"{r['VmHWM'] / GB:.2f} (anon {r['RssAnon'] / GB:.2f}), "
+                            + (f"row cache GB {r['cache_bytes'] / GB:.2f}, " if capped else "")
+                            + "measured from step "
+                            f"{r['warm_steps']} (caches full: {r['full']}, settled: {r['settled']}), "
+                            f"major faults per steady step {r['major_faults_per_step']:.0f}"
                         )
-                rates = [r["hit_rate"] for r in done if r.get("hit_rate") is not None]
-                if rates:
-                    print(f"{ids} {label} cache hit rate, distinct rows {sum(rates) / len(rates):.3f}")
-                    per_id = [r["id_hit_rate"] for r in done]
-                    print(f"{ids} {label} cache hit rate, ids {sum(per_id) / len(per_id):.3f}")
+                if capped and done:
+                    warm_steps = max(r["warm_steps"] for r in done)
+                for phase in ("cold", "steady"):
+                    rates = [r[phase]["hit_rate"] for r in done if r[phase]["hit_rate"] is not None]
+                    if rates:
+                        per_id = [r[phase]["id_hit_rate"] for r in done]
+                        rate = sum(rates) / len(rates)
+                        print(f"{ids} {label} {phase} cache hit rate, distinct rows {rate:.3f}")
+                        print(f"{ids} {label} {phase} cache hit rate, ids {sum(per_id) / len(per_id):.3f}")
+                    value = sum(r[phase]["examples_per_s"] for r in done) if len(done) == args.ranks else 0.0
+                    throughput[(ids, label, phase)] = value
+                    print(f"{label} {phase} train throughput {ids} examples/s {value:.0f}", flush=True)
                 print(f"{ids} {label} load average {os.getloadavg()[0]:.1f}")
-                value = sum(r["examples_per_s"] for r in done) if len(done) == args.ranks else 0.0
-                throughput[(ids, label)] = value
-                print(f"{label} train throughput {ids} examples/s {value:.0f}", flush=True)
         for ids in kinds:
-            ratio = throughput[(ids, "capped")] / max(throughput[(ids, "uncapped")], 1e-9)
-            print(f"capped / uncapped train throughput {ids} {ratio:.3f}", flush=True)
+            for phase, name in (("cold", "cold-cache "), ("steady", "")):
+                ratio = throughput[(ids, "capped", phase)] / max(throughput[(ids, "uncapped", phase)], 1e-9)
+                print(f"{name}capped / uncapped train throughput {ids} {ratio:.3f}", flush=True)
 
         if not args.no_serve:
             package = _make_package(args, work / "package")

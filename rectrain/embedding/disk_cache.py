@@ -6,14 +6,15 @@ them, so the lookup and the fused update run on the cache in place. Per batch an
 ``torch.unique``, gathers and scatters, no per-id Python):
 
 - the batch's distinct rows that are cached keep their slot (hits); the others (misses) take the free
-  slots (no step in flight needs them, by a ``last_used`` step per slot) of the lowest **frequency score**
-  (LFU with ageing: a slot's score is decayed every batch and raised by its row's ids in the batch, so hot
-  Zipf rows stay resident and a row seen once ages out). Victims a step updated are written back to the
-  file first (whole rows: weights and optimizer state), then the misses are read. Planning costs the
-  batch, not the cache: the decay is a growing scale on new counts (``_Scale``), not a pass over every
-  slot, and victims are the lowest of a **window** of slots (``WINDOW`` times the misses, a clock hand
-  moving through the cache) rather than of all of them: measured on 600,000 slots, a full ``topk`` and
-  decay per table and batch took 42 ms, more than a step's compute;
+  slots (no step in flight needs them, by a ``last_used`` step per slot) whose rows have the lowest
+  **frequency score** (LFU with ageing, kept per row whether cached or not: a row's score is decayed every
+  batch and raised by its ids in the batch, so hot Zipf rows stay resident, a row seen once ages out, and a
+  warm row read again brings its history along instead of starting level with the tail). Victims a step
+  updated are written back to the file first (whole rows: weights and optimizer state), then the misses
+  are read. Planning costs the batch, not the cache: the decay is a growing scale on new counts, not a
+  pass over every row, and victims are the lowest of a **window** of slots (``WINDOW`` times the misses,
+  a clock hand moving through the cache) rather than of all of them: measured on 600,000 slots, a full
+  ``topk`` and decay per table and batch took 42 ms, more than a step's compute;
 - the rows move as **sorted batches** fanned out over a few I/O threads: a gather or scatter on the
   mapped file faults in one page per row it touches, and under a memory cap most of those are disk reads,
   which one thread would wait for one at a time; a few threads keep that many reads in flight. Nothing is
@@ -45,14 +46,19 @@ from rectrain.errors import ConfigError
 # Without a configured size a disk table caches this share of its rows (at least MIN_SLOTS of them).
 DEFAULT_FRACTION = 0.1
 MIN_SLOTS = 1024
-# Every batch multiplies the slots' frequency scores by this: a row's ids count about 1 / (1 - DECAY) = 20
-# batches, long enough to tell a Zipf head row from the tail, short enough to follow a drift in the ids.
-DECAY = 0.95
-# Row moves go to at most IO_THREADS threads, in pieces of at least IO_CHUNK rows: measured on a virtual
-# disk, 12,000 scattered rows not in the page cache took 2-5 s as one gather (one page fault, one read at a
-# time) and 0.1-0.2 s as 8-32 parallel ones; rows in the page cache gain nothing from more threads.
+# Every batch multiplies the rows' frequency scores by this: a row's ids count about 1 / (1 - DECAY) = 500
+# batches. The rows at the edge of a Zipf cache are seen once in tens of batches, so a shorter memory cannot
+# tell them from the tail: simulated on 2M rows, 600k slots and Zipf(1.05) batches of 16,384 ids, the
+# distinct-row hit rate after 1,000 batches was 0.819 with 0.95 (20 batches, scores per slot) and 0.836
+# with 0.998 (the static top 600k rows would give 0.874). A drift in the ids takes that long to follow.
+DECAY = 0.998
+# A batch's row moves (all tables together) go to about IO_THREADS threads, in pieces of at least IO_CHUNK
+# rows: a row not in the page cache is a page fault that waits for the disk, one at a time per thread, so
+# the threads in flight are the disk's queue. Measured on a virtual disk, 12,000 scattered rows not in the
+# page cache took 2-5 s as one gather and 0.1-0.2 s as 8-32 parallel ones; a piece of cached rows is a
+# memcpy that a thread hand-off would cost more than.
 IO_THREADS = 16
-IO_CHUNK = 512
+IO_CHUNK = 32
 # Victims are the lowest-scored free slots of a window of WINDOW x the misses (at least MIN_WINDOW slots):
 # a hot row is evicted only when its window holds (WINDOW - 1) x the misses' worth of hotter rows.
 WINDOW = 4
@@ -153,9 +159,11 @@ class CachedTable:
         self.slot_of_row = torch.full((self.rows,), -1, dtype=torch.int32)
         self.row_of_slot = torch.full((self.slots,), -1, dtype=torch.int64)
         self.last_used = torch.full((self.slots,), -1, dtype=torch.int64)
-        # LFU with ageing: a row's ids count ``scale`` when seen; ``scale`` grows by 1 / DECAY each batch, so
-        # older counts weigh DECAY^age as much, without a pass over every slot per batch.
-        self.score = torch.zeros(self.slots, dtype=torch.float32)
+        # LFU with ageing, per row whether cached or not (4 bytes a row): a row's ids count ``scale`` when
+        # seen; ``scale`` grows by 1 / DECAY each batch, so older counts weigh DECAY^age as much, without a
+        # pass over every row per batch. A row keeps its count while out of the cache, so a returning warm
+        # row outranks a row of the Zipf tail seen once.
+        self.score = torch.zeros(self.rows, dtype=torch.float32)
         self.scale = 1.0
         self.hand = 0  # where the next victim window starts
         self.filled = 0  # slots from here on have never held a row since the cache was emptied
@@ -168,20 +176,22 @@ class CachedTable:
         self._score = self.score.numpy()
         self._dirty = self.dirty.numpy()
 
-    def write_back_jobs(self, rows: Tensor, slots: Tensor) -> list[Callable[[], object]]:
-        """Jobs writing ``slots`` to ``rows`` of the file (whole rows, every buffer; ``rows`` sorted)."""
+    def write_back_jobs(self, rows: Tensor, slots: Tensor, piece: int) -> list[Callable[[], object]]:
+        """Jobs writing ``slots`` to ``rows`` of the file (whole rows, every buffer; ``rows`` sorted), in
+        pieces of about ``piece`` rows."""
         return [
             (lambda b=self.backing[name], c=cached, r=r, s=s: b.index_copy_(0, r, c.index_select(0, s)))
             for name, cached in self.cache.items()
-            for r, s in _pieces(rows, slots)
+            for r, s in _pieces(rows, slots, piece)
         ]
 
-    def read_jobs(self, rows: Tensor, slots: Tensor) -> list[Callable[[], object]]:
-        """Jobs reading ``rows`` of the file into ``slots`` (whole rows, every buffer; ``rows`` sorted)."""
+    def read_jobs(self, rows: Tensor, slots: Tensor, piece: int) -> list[Callable[[], object]]:
+        """Jobs reading ``rows`` of the file into ``slots`` (whole rows, every buffer; ``rows`` sorted), in
+        pieces of about ``piece`` rows."""
         return [
             (lambda b=self.backing[name], c=cached, r=r, s=s: c.index_copy_(0, s, b.index_select(0, r)))
             for name, cached in self.cache.items()
-            for r, s in _pieces(rows, slots)
+            for r, s in _pieces(rows, slots, piece)
         ]
 
     def empty(self) -> None:
@@ -189,8 +199,6 @@ class CachedTable:
         self.slot_of_row[held] = -1
         self.row_of_slot.fill_(-1)
         self.last_used.fill_(-1)
-        self.score.zero_()
-        self.scale = 1.0
         self.hand = 0
         self.filled = 0
         self.dirty.fill_(False)
@@ -205,12 +213,12 @@ class CachedTable:
         # From here on victims are chosen by score (never-used slots score 0, so they still go first); the
         # slots past ``filled`` may now be handed out here, so the in-order fill above must not run again.
         self.filled = self.slots
-        last_used, score = self._last_used, self._score
+        last_used = self._last_used
         width = max(WINDOW * needed, MIN_WINDOW)
         if width < self.slots:
             window = np.arange(self.hand, self.hand + width) % self.slots
             self.hand = (self.hand + width) % self.slots
-            candidates = np.where(last_used[window] < evictable_below, score[window], np.inf)
+            candidates = np.where(last_used[window] < evictable_below, self._slot_scores(window), np.inf)
             picked = np.argpartition(candidates, needed - 1)[:needed]
             if not np.isinf(candidates[picked]).any():
                 return window[picked]
@@ -218,31 +226,44 @@ class CachedTable:
         if int(np.count_nonzero(free)) < needed:
             return None
         # Least frequent first (empty slots score 0).
-        candidates = np.where(free, score, np.inf)
+        candidates = np.where(free, self._slot_scores(slice(None)), np.inf)
         return np.argpartition(candidates, needed - 1)[:needed] if needed < self.slots else np.arange(needed)
 
-    def count(self, slots: np.ndarray, counts: np.ndarray) -> None:
-        """Age every score by one batch and add this batch's ``counts`` of ``slots`` (distinct)."""
+    def _slot_scores(self, slots: np.ndarray | slice) -> np.ndarray:
+        """The scores of the rows ``slots`` hold (0 for a slot holding none)."""
+        rows = self._row_of_slot[slots]
+        return np.where(rows >= 0, self._score[np.maximum(rows, 0)], 0.0)
+
+    def count(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Age every score by one batch and add this batch's ``counts`` of ``rows`` (distinct)."""
         self.scale /= DECAY
         if self.scale > RESCALE:
             self._score /= self.scale
             self.scale = 1.0
-        self._score[slots] += counts * self.scale
+        self._score[rows] += counts * self.scale
 
 
-def _pieces(rows: Tensor, slots: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """``rows`` (sorted) and their ``slots`` in contiguous pieces, one per I/O thread at most: each piece
+def _pieces(rows: Tensor, slots: Tensor, piece: int) -> list[tuple[Tensor, Tensor]]:
+    """``rows`` (sorted) and their ``slots`` in contiguous pieces of about ``piece`` rows: each piece
     touches its own stretch of the file."""
-    count = min(IO_THREADS, rows.numel() // IO_CHUNK)
+    count = -(-rows.numel() // piece)
     if count <= 1:
         return [(rows, slots)] if rows.numel() else []
     return list(zip(rows.tensor_split(count), slots.tensor_split(count)))
 
 
+def _piece(counts: Sequence[int]) -> int:
+    """Rows per piece for moves of ``counts`` rows (one per table): the batch's rows over IO_THREADS
+    pieces, whichever tables they are in (a table's few misses would otherwise be one thread's)."""
+    return max(IO_CHUNK, -(-sum(counts) // IO_THREADS))
+
+
 def _move(moves: Sequence[_Moves]) -> None:
     """All tables' write-backs, then all their reads (a slot is read into only after its old row left)."""
-    _run([job for m in moves for job in m.table.write_back_jobs(m.out_rows, m.out_slots)])
-    _run([job for m in moves for job in m.table.read_jobs(m.in_rows, m.in_slots)])
+    piece = _piece([m.out_rows.numel() for m in moves])
+    _run([job for m in moves for job in m.table.write_back_jobs(m.out_rows, m.out_slots, piece)])
+    piece = _piece([m.in_rows.numel() for m in moves])
+    _run([job for m in moves for job in m.table.read_jobs(m.in_rows, m.in_slots, piece)])
 
 
 class OutOfRange(Exception):
@@ -290,6 +311,11 @@ class RowCache:
         """Of the distinct rows the steps asked for, the share not read from the files (by the step or its
         prefetch)."""
         return 1.0 - self.misses / self.lookups if self.lookups else 1.0
+
+    @property
+    def full(self) -> bool:
+        """Every table's cache has handed out all its slots (its misses now evict rows)."""
+        return all(table.filled == table.slots for table in self.tables)
 
     @property
     def id_hit_rate(self) -> float:
@@ -421,7 +447,6 @@ class RowCache:
             table._slot_of_row[wanted] = slots_in
             table._row_of_slot[slots_in] = wanted
             table._dirty[slots_in] = False
-            table._score[slots_in] = 0.0
             slots[miss] = slots_in
             self.misses += wanted.size
             if strict:
@@ -434,7 +459,7 @@ class RowCache:
                 torch.from_numpy(slots_in),
             )
         table._last_used[slots] = use
-        table.count(slots, counts)
+        table.count(distinct, counts)
         return _Planned(torch.from_numpy(slots[inverse]), torch.from_numpy(slots), ids.numel()), move
 
     def _unique(self, ids: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
