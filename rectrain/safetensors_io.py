@@ -266,7 +266,11 @@ class SafetensorsFile:
     def __init__(self, path: str | Path, data: bytearray | None = None) -> None:
         """``data``: the file's bytes, read already (then ``path`` only names it in messages)."""
         self.path = Path(path)
-        self._file = open(self.path, "rb") if data is None else io.BytesIO(data)  # noqa: SIM115 - close()
+        if data is None:
+            self._file = open(self.path, "rb")  # noqa: SIM115 - close()
+        else:  # only its header is read here: a copy of that, not of every tensor's bytes
+            length = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
+            self._file = io.BytesIO(bytes(memoryview(data)[: 8 + min(length, MAX_HEADER_BYTES)]))
         self._size = os.fstat(self._file.fileno()).st_size if data is None else len(data)
         try:
             self.specs, self.metadata = self._parse()
