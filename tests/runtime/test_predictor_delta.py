@@ -20,6 +20,16 @@ from tests.export.common import request
 from tests.runtime.delta_common import CFG, make_stream, split_capacity
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fp32_unless_exported():
+    """Both sides' dense parts in one precision on every CPU: on one with native bf16, an fp32 package's dense
+    part runs in bf16 when its recorded accuracy passes the gate, and the follower keeps its base's choice
+    while the full export of a later state may pass or fail it (a package exported as bf16 stays bf16)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RECSERVE_DENSE_DTYPE", "fp32")
+        yield
+
+
 def follow(predictor: Predictor, publish) -> Predictor:
     """Apply every published delta after the predictor's position, as a follower would."""
     base, deltas = list_stream(publish)
