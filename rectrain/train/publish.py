@@ -159,8 +159,8 @@ class Publisher:
         if self._pending is not None and (wait or self._pending.future.done()):
             failed = self._pending.future.exception() is not None
             flags |= _BASE_FAILED if failed else _BASE_DONE
-        if self._last_write is not None and self._last_write.done() and self._last_write.exception():
-            self._delta_failed = True
+        if self._last_write is not None and self._last_write.done():
+            self._check_last_write()
         return flags | (_DELTA_FAILED if self._delta_failed else 0)
 
     def _publish(self, step: int, flags: int, cut: Callable[[], None], final: bool = False) -> None:
@@ -229,6 +229,16 @@ class Publisher:
                 shutil.rmtree(self.dir / f"{number}-deltas", ignore_errors=True)
                 shutil.rmtree(self.dir / str(number), ignore_errors=True)
 
+    def _check_last_write(self) -> None:
+        """Wait for the last delta's write; a failure is logged once and leaves a hole in the stream, which
+        the next publish closes with a new base (raising it would stop training, and again at every later
+        delta)."""
+        assert self._last_write is not None
+        error, self._last_write = self._last_write.exception(), None
+        if error is not None:
+            logger.error("publish: a delta was not written (a new base follows): %s", error)
+            self._delta_failed = True
+
     def _report_failed_export(self) -> None:
         assert self._pending is not None
         if self.rank == 0:
@@ -272,7 +282,7 @@ class Publisher:
                 if k.startswith(self._prefix)
             }
         if self._last_write is not None:
-            self._last_write.result()
+            self._check_last_write()
         self._last_write = self._writer.submit(
             self._deliver, step, changed, local, dense, self._base, self._sequence, wall_time
         )
