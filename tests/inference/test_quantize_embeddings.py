@@ -171,11 +171,15 @@ def test_a_quantized_model_exports_as_it_is_and_serves_its_own_scores(tmp_path):
     dense, kjt = request(cfg, 16)
     with torch.no_grad():
         expected = train.model(dense, kjt).squeeze(-1)
-    served = Predictor.load(package)
+    # The dense part in fp32 as in process (on a CPU with native bf16 it would run in bf16 by default).
+    served = Predictor.load(package, dense_dtype="fp32")
     assert served.metadata.table_dtypes == {t.name: "int8" for t in cfg.tables}
     torch.testing.assert_close(served.predict_logits(dense, kjt), expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(
-        Predictor.load(float_package).predict_logits(dense, kjt), expected, rtol=0, atol=1e-6
+        Predictor.load(float_package, dense_dtype="fp32").predict_logits(dense, kjt),
+        expected,
+        rtol=0,
+        atol=1e-6,
     )
     with pytest.raises(ExportError, match="already quantized to int8; export the float model"):
         export_package(tmp_path / "x", model_config=cfg, model=train, table_dtypes={"t0": "int4"})
