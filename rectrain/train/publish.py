@@ -2,12 +2,10 @@
 
 At every ``publish.every_seconds`` (rank 0's clock; the ranks agree at a step boundary) the rows that the
 trained batches read since the last publish (``TouchedRows``, per rank) are united over the ranks; each rank
-copies the whole rows of those it holds at that step (the next step moves them), and its delta thread
-quantizes them as the export quantizes them and hands them to rank 0 in one tensor gather (pieces of
-column-sharded rows go as fp32; rank 0 joins and quantizes those); rank 0 writes them with the dense state
-as the next delta of the newest base (``recserve.export.delta``). So the training thread only copies rows:
-quantizing, gathering and writing run beside the next steps (one delta in flight at a time). A
-data-parallel table is published whole: its dense optimizer may move rows no batch read.
+quantizes the whole rows of those it holds, as the export quantizes them, and hands them to rank 0 in one
+tensor gather (pieces of column-sharded rows go as fp32; rank 0 joins and quantizes those), and rank 0 writes
+them with the dense state as the next delta of the newest base (``recserve.export.delta``), on a background
+thread. A data-parallel table is published whole: its dense optimizer may move rows no batch read.
 
 A base is cut at the start of a run and every ``publish.base_every`` deltas: the ranks save a checkpoint (the
 run's own) and rank 0 exports it into ``DIR/<N>`` on a background thread of low priority, streamed from that
@@ -85,8 +83,6 @@ class Publisher:
         self.rank = env.rank if env is not None else 0
         world = env.world_size if env is not None and env.pg is not None else 1
         self._group = new_group(backend="gloo") if world > 1 else None
-        # The delta threads' own group: the rows' gather runs there while the training threads use the others.
-        self._rows_group = new_group(backend="gloo") if world > 1 else None
         self._agreement = agreement  # the job's: one side group for every per-step agreement
         self.tables = list(config.model.tables)
         self.touched = TouchedRows(self.tables)
@@ -105,8 +101,7 @@ class Publisher:
         self._sequence = 0
         self._pending: _BaseExport | None = None
         self._since_cut: list[Tensor] | None = None
-        # Normal priority: the next publish waits for it (at nice + 10 the training ratio fell to 0.52).
-        self._writer = ThreadPoolExecutor(1, "delta-writer")
+        self._writer = ThreadPoolExecutor(1, "delta-writer") if self.rank == 0 else None
         self._last_write: Future | None = None
         self._publishes_since_cut = 0
         self._delta_failed = False
@@ -147,7 +142,8 @@ class Publisher:
             self._publish(step, flags, cut, final=True)
         if self._last_write is not None:
             self._last_write.result()
-        self._writer.shutdown()
+        if self._writer is not None:
+            self._writer.shutdown()
 
     def wait_for_export(self) -> None:
         """Let a running base export finish reading its checkpoint (before a save may retire that one)."""
@@ -270,50 +266,35 @@ class Publisher:
         ]
 
     def _write(self, step: int, changed: list[Tensor], wall_time: float) -> None:
-        """Copy the changed rows (and on rank 0 the dense state) as they are at ``step``, then hand them to
-        the delta thread, which quantizes, gathers to rank 0 and writes them there as the next delta."""
-        local = self._local_rows(changed)
+        """Gather the changed rows to rank 0 and write them as the next delta there (in the background)."""
+        parts = self._gather(self._local_rows(changed))
         self._sequence += 1
-        dense = None
-        if self.rank == 0:
-            dense = {
-                k[len(self._prefix) :]: v.detach().to("cpu", copy=True)
-                for k, v in model_state.dense_state(self._model).items()
-                if k.startswith(self._prefix)
-            }
+        if self._writer is None:
+            return
+        rows = self._assemble(changed, parts)
+        dense = {
+            k[len(self._prefix) :]: v.detach().to("cpu", copy=True)
+            for k, v in model_state.dense_state(self._model).items()
+            if k.startswith(self._prefix)
+        }
         if self._last_write is not None:
             self._check_last_write()
+        base, sequence = self._base, self._sequence
         self._last_write = self._writer.submit(
-            self._deliver, step, changed, local, dense, self._base, self._sequence, wall_time
+            write_delta, self.dir, base, sequence, step, rows, dense, wall_time=wall_time
         )
 
-    def _deliver(
-        self,
-        step: int,
-        changed: list[Tensor],
-        local: list[_Piece],
-        dense: dict[str, Tensor] | None,
-        base: str | None,
-        sequence: int,
-        wall_time: float,
-    ) -> Path | None:
-        """The delta thread's part of ``_write`` (every rank; collective on the rows' group)."""
-        parts = self._gather([self._quantized(piece) for piece in local])
-        if self.rank != 0:
-            return None
-        assert dense is not None and base is not None
-        rows = self._assemble(changed, parts)
-        return write_delta(self.dir, base, sequence, step, rows, dense, wall_time=wall_time)
-
     def _local_rows(self, changed: list[Tensor]) -> list[_Piece]:
-        """Copies of the pieces of ``changed`` this rank holds, fp32 (the delta thread quantizes them)."""
+        """The pieces of ``changed`` this rank holds: whole rows quantized here, as the export quantizes
+        them (row-wise: a row's bytes depend on that row alone), so that rank 0 neither gathers fp32 nor
+        quantizes every rank's rows; pieces of column-sharded rows stay fp32 (a row's scale needs all of
+        it), joined and quantized on rank 0."""
         out = []
         for index, (table, ids) in enumerate(zip(self._pieces, changed)):
             if table.replicated and table.sharding_type != model_state.UNSHARDED:
                 if self.rank == 0:  # a data-parallel table: all of it
                     weight = table.pieces[0].weight.detach()
-                    rows = weight.to("cpu", torch.float32, copy=True)
-                    out.append(_Piece(index, torch.arange(weight.shape[0]), 0, rows))
+                    out.append(self._piece(index, torch.arange(weight.shape[0]), 0, weight))
                 continue
             for piece in table.pieces:
                 shard = piece.shard
@@ -321,26 +302,24 @@ class Publisher:
                 if inside.numel():
                     local = (inside - shard.row_offset).to(piece.weight.device)
                     rows = piece.weight.detach().index_select(0, local)  # not [local]: 3x slower on CPU
-                    out.append(_Piece(index, inside, shard.col_offset, rows.to("cpu", torch.float32)))
+                    out.append(self._piece(index, inside, shard.col_offset, rows))
         return out
 
-    def _quantized(self, piece: _Piece) -> _Piece:
-        """Whole rows quantized here, as the export quantizes them (row-wise: a row's bytes depend on that
-        row alone), so that rank 0 neither gathers fp32 nor quantizes every rank's rows; pieces of
-        column-sharded rows stay fp32 (a row's scale needs all of it), joined and quantized on rank 0."""
-        if piece.rows.shape[1] != self.tables[piece.table].embedding_dim:
-            return _Piece(piece.table, piece.ids, piece.col, piece.rows.contiguous())
-        return _Piece(piece.table, piece.ids, piece.col, quantize_kernel_rows(piece.rows, self.options.dtype))
+    def _piece(self, index: int, ids: Tensor, col: int, rows: Tensor) -> _Piece:
+        rows = rows.to("cpu", torch.float32)
+        if rows.shape[1] != self.tables[index].embedding_dim:
+            return _Piece(index, ids, col, rows.contiguous())
+        return _Piece(index, ids, col, quantize_kernel_rows(rows, self.options.dtype))
 
     def _gather(self, local: list[_Piece]) -> list[list[_Piece]]:
         """Every rank's pieces, on rank 0 (others get []): the layouts as objects (a few numbers), the
         bytes in one tensor gather (no pickling of rows); collective."""
-        if self._rows_group is None:
+        if self._group is None:
             return [local]
         layout = [(p.table, p.ids.numel(), p.col, str(p.rows.dtype), p.rows.shape[1]) for p in local]
-        layouts: list[Any] = [None] * dist.get_world_size(self._rows_group)
-        with collective("all_gather_object (publish layouts)", self._rows_group):
-            dist.all_gather_object(layouts, layout, group=self._rows_group)
+        layouts: list[Any] = [None] * dist.get_world_size(self._group)
+        with collective("all_gather_object (publish layouts)", self._group):
+            dist.all_gather_object(layouts, layout, group=self._group)
         sizes = [sum(8 * n + _aligned(n * w * _ITEM[d]) for _, n, _, d, w in rank) for rank in layouts]
         flat = torch.zeros(max(1, *sizes), dtype=torch.uint8)
         at = 0
@@ -350,8 +329,8 @@ class Publisher:
                 flat[at : at + data.numel()] = data
                 at += _aligned(data.numel())  # the next ids start at a multiple of 8 bytes
         gathered = [torch.empty_like(flat) for _ in layouts] if self.rank == 0 else None
-        with collective("gather (publish rows)", self._rows_group):
-            dist.gather(flat, gathered, dst=0, group=self._rows_group)
+        with collective("gather (publish rows)", self._group):
+            dist.gather(flat, gathered, dst=0, group=self._group)
         if gathered is None:
             return []
         return [_unpack(buffer, rank) for buffer, rank in zip(gathered, layouts)]
