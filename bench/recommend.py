@@ -38,6 +38,7 @@ import grpc
 import numpy as np
 import torch
 from machine import print_machine
+from serve_cpu_cost import process_cpu_s
 from serve_throughput import free_port, wait_serving
 
 from recserve.export import export_package
@@ -134,30 +135,21 @@ def build_pipeline(root: Path, items: int, limits: Limits) -> tuple[Path, float]
     return out, time.perf_counter() - started
 
 
-def worker_memory(server: int) -> list[dict[str, int]]:
-    """``/proc/<pid>/smaps_rollup`` of each serving worker (the server's spawned children), in kB."""
-    out = []
+def worker_pids(server: int) -> list[int]:
+    """The serving workers: the server's spawned children, less multiprocessing's resource tracker."""
     children = Path(f"/proc/{server}/task/{server}/children").read_text().split()
-    for pid in children:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"resource_tracker" in cmdline:
-            continue
+    return [int(p) for p in children if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def worker_memory(server: int) -> list[dict[str, int]]:
+    """``/proc/<pid>/smaps_rollup`` of each serving worker, in kB."""
+    out = []
+    for pid in worker_pids(server):
         fields = {}
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
             name, value = line.split(":", 1)
             fields[name] = int(value.split()[0])
         out.append(fields)
-    return out
-
-
-def worker_cpu_seconds(server: int) -> list[float]:
-    """CPU seconds (user + system) each serving worker has used so far."""
-    out = []
-    for pid in Path(f"/proc/{server}/task/{server}/children").read_text().split():
-        if b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            continue
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return out
 
 
@@ -334,9 +326,10 @@ def main() -> None:
         batch_candidates: list[int] = []
         try:
             stubs = connect(port, args.connections)
-            before, cpu_before = stage_seconds(metrics_port), worker_cpu_seconds(proc.pid)
+            workers = worker_pids(proc.pid)
+            before, cpu_before = stage_seconds(metrics_port), [process_cpu_s(p) for p in workers]
             capacity = closed_loop(stubs, args, batch_candidates)
-            after, cpu_after = stage_seconds(metrics_port), worker_cpu_seconds(proc.pid)
+            after, cpu_after = stage_seconds(metrics_port), [process_cpu_s(p) for p in workers]
             print(f"recommend capacity rps {capacity:.1f}", flush=True)
             steady = worker_memory(proc.pid)  # after the closed loop: a worker's steady serving state
             answered, refused, failed = open_loop(stubs, args)
